@@ -6,6 +6,11 @@ Writes to ``<out_dir>/<name>/``: ``config.yaml``, TensorBoard logs (``tb/``), ``
 ``checkpoint.pt`` (atomic, every ``train.checkpoint_every`` epochs) and the trained sampler
 ``sampler.safetensors`` (load with ``metasampler.load_sampler``). ``--resume`` continues an
 interrupted run from its last checkpoint; a fixed seed gives a reproducible run.
+
+    torchrun --nproc_per_node=2 train_meta.py --config configs/toy_gaussian.yaml
+
+shards the ``train.n_chains`` chains across the processes (``distributed.backend``: gloo on
+CPU, NCCL on GPU); rank 0 writes everything; see docs/DISTRIBUTED.md.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {err}", file=sys.stderr)
         return 2
 
+    from metasampler import distributed
     from metasampler.benchmark import gaussian_benchmark
     from metasampler.logs import RunLogger, plot_sampler_nets
     from metasampler.meta.setup import build_sampler, with_step
@@ -48,22 +54,30 @@ def main(argv: list[str] | None = None) -> int:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    # Under torchrun: join the process group (one GPU per process for CUDA); else a no-op.
+    device = distributed.init_from_env(
+        cfg.distributed.backend.value, cfg.device, cfg.distributed.timeout_s
+    )
+    main_process = distributed.is_main_process()  # rank 0 writes logs, checkpoints, sampler
     run_dir = Path(args.run_dir or Path(cfg.out_dir) / cfg.name)
     checkpoint = run_dir / "checkpoint.pt"
+    error = None
     if checkpoint.exists() and not args.resume:
-        print(
-            f"error: {run_dir} already holds a checkpoint; pass --resume to continue it or "
-            "choose another name=... / --run-dir",
-            file=sys.stderr,
+        error = (
+            f"{run_dir} already holds a checkpoint; pass --resume to continue it or "
+            "choose another name=... / --run-dir"
         )
+    elif args.resume and not checkpoint.exists():
+        error = f"--resume given but there is no checkpoint at {checkpoint}"
+    error = distributed.broadcast_object(error)  # rank 0's run directory decides for all
+    if error is not None:
+        if main_process:
+            print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.resume and not checkpoint.exists():
-        print(f"error: --resume given but there is no checkpoint at {checkpoint}", file=sys.stderr)
-        return 2
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    if main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
 
-    device = torch.device(cfg.device)
     sampler = build_sampler(cfg.sampler, seed=cfg.seed).to(device)
     problems = ProblemFamily(cfg.task, device=device)
     first = problems(0, torch.Generator(device=device).manual_seed(cfg.seed))
@@ -80,12 +94,15 @@ def main(argv: list[str] | None = None) -> int:
             init=calibration_init,
             seed=cfg.seed,
         )
-        print("input statistics:", {k: round(v, 4) for k, v in stats.items()})
+        if main_process:
+            print("input statistics:", {k: round(v, 4) for k, v in stats.items()})
     sampler.train_dim.fill_(first.target.dim)
+    distributed.broadcast_module(sampler)  # every rank starts from rank 0's nets
 
-    logger = RunLogger(run_dir)
+    logger = RunLogger(run_dir, enabled=main_process)
     logger.text("config", "```\n" + to_yaml(cfg) + "\n```")
-    eval_problem = build_problem(cfg.eval.task, device=device) if cfg.train.eval_every else None
+    evaluating = cfg.train.eval_every and main_process  # (the trainer evaluates on rank 0)
+    eval_problem = build_problem(cfg.eval.task, device=device) if evaluating else None
 
     def evaluate(trained, epoch: int) -> dict[str, float]:
         logger.figure("nets/contours", plot_sampler_nets(trained), epoch)
@@ -117,21 +134,37 @@ def main(argv: list[str] | None = None) -> int:
         progress=cfg.progress,
     )
     if args.resume:
-        print(f"resuming {run_dir} after epoch {trainer.resume()}")
+        try:
+            done = trainer.resume()
+        except (FileNotFoundError, ValueError) as err:  # unreadable, or another world size
+            if main_process:
+                print(f"error: {err}", file=sys.stderr)
+            logger.close()
+            return 2
+        if main_process:
+            print(f"resuming {run_dir} after epoch {done}")
     start = time.time()
     try:
         history = trainer.train()
     except TrainingDivergedError as err:
-        print(f"error: {err}", file=sys.stderr)
+        if main_process:
+            print(f"error: {err}", file=sys.stderr)
         logger.close()
         return 1
     finally:
         logger.close()
     elapsed = time.time() - start
+    if not main_process:
+        return 0
     out = run_dir / "sampler.safetensors"
     sampler.save(
         str(out),
-        provenance={"config": to_yaml(cfg), "seed": cfg.seed, "train_seconds": round(elapsed, 1)},
+        provenance={
+            "config": to_yaml(cfg),
+            "seed": cfg.seed,
+            # all epochs, including those before a --resume
+            "train_seconds": round(history.seconds, 1),
+        },
     )
     print(f"trained {cfg.train.epochs} epochs in {elapsed:.0f} s; sampler saved to {out}")
     if history.evals:

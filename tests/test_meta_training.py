@@ -105,7 +105,9 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
         sampler, toy_family(), small_settings(), run_dir=interrupted_dir, seed=99, progress=False
     )
     assert resumed.resume() == 2
+    assert resumed.history.seconds == first.history.seconds > 0  # training time survives
     resumed.train()
+    assert resumed.history.seconds > first.history.seconds
     assert first.history.loss == resumed.history.loss[:2]
     assert resumed.history.loss == straight.history.loss
     for (name, a), b in zip(

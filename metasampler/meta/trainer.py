@@ -19,13 +19,25 @@ at the end) and hold everything a run depends on: net weights, optimiser, replay
 run's random generator and the history, so ``resume`` continues bit-for-bit like an
 uninterrupted run. A non-finite loss, meta-gradient or chain stops training with
 :class:`TrainingDivergedError`; the last good checkpoint is kept untouched.
+
+Under ``torchrun`` (a process group is initialised, world size ``W > 1``) the ``K`` chains
+are sharded across ranks (see ``docs/DISTRIBUTED.md``): each rank unrolls its own chains with
+its own random stream (:func:`metasampler.distributed.rank_seed`), the losses gather all
+chains' positions for the Stein estimates (:mod:`.sharded`), and the parameter gradients
+are summed across ranks before every Adam step, so all ranks keep identical nets. The
+problem draws and the in-chain chain subset come from a stream shared by all ranks; the
+replay pool is per rank (its capacity split across ranks). Rank 0 writes the checkpoint,
+which holds every rank's pool and random stream; resume needs the same world size. With
+``W = 1`` nothing of this runs: the single-process code path is unchanged.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,13 +46,16 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .. import distributed
 from ..config import TrainConfig
+from ..distributed import PeerFailureError
 from ..driver import make_generator
 from ..learned.nnsghmc import NNSGHMC
 from ..samplers.base import SamplerState
 from ..targets import NonFiniteError
 from .losses import InChainCollector, combined_loss, cross_chain_loss
 from .replay import ReplayPool
+from .sharded import ShardedInChainCollector, gather_slices, sharded_cross_chain_loss
 
 __all__ = [
     "MetaTrainer",
@@ -72,6 +87,12 @@ class History:
 
     loss: list[float] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0  # training wall-clock over all epochs, across resumes
+
+
+def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
+    """Tensors of a flat state dict moved to the CPU (to send them to another rank)."""
+    return {k: v.cpu() if isinstance(v, Tensor) else v for k, v in state.items()}
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
@@ -90,7 +111,8 @@ class MetaTrainer:
             ``init(n_chains, generator)`` for fresh chains.
         settings: loop settings.
         run_dir: where checkpoints go (``None``: no checkpoints).
-        seed: seeds the run's single generator (chains, noise, minibatches, replay).
+        seed: seeds the run's single generator (chains, noise, minibatches, replay). Under
+            torchrun each rank also gets its own stream for its chains, derived from ``seed``.
         logger: optional object with ``scalar(tag, value, step)`` (e.g. a RunLogger).
         evaluate: optional ``(sampler, epoch) -> dict[str, float]`` run every ``eval_every``
             epochs (under ``no_grad``).
@@ -120,8 +142,21 @@ class MetaTrainer:
         self.extra_checkpoint = extra_checkpoint or {}
         self.device = sampler.f_q.head.weight.device
         self.generator = make_generator(seed, self.device)
+        # This rank's chains (all of them in a single process). The shared generator above
+        # drives what all ranks must agree on (problems, in-chain subset); each rank's chains
+        # (initialisation, noise, minibatches, replay) use their own stream.
+        self.shard = distributed.chain_shard(settings.n_chains)
+        self.world = self.shard.world
+        capacity = settings.replay_capacity
+        if self.world == 1:
+            self.chain_generator = self.generator
+        else:
+            self.chain_generator = make_generator(self.shard.seed(seed), self.device)
+            # Each rank pools its own chains: split the capacity so that the pools together
+            # span as many sub-epochs as one process's pool.
+            capacity = max(1, distributed.shard_sizes(capacity, self.world)[self.shard.rank])
         self.optimizer = torch.optim.Adam(sampler.parameters(), lr=settings.optimizer_lr)
-        self.pool = ReplayPool(settings.replay_capacity, settings.replay_prob)
+        self.pool = ReplayPool(capacity, settings.replay_prob)
         self.history = History()
         self.epoch = 0  # epochs completed
         self._terms: dict[str, list[float]] = {"cross_chain": [], "in_chain": []}
@@ -132,40 +167,93 @@ class MetaTrainer:
         return None if self.run_dir is None else self.run_dir / CHECKPOINT_NAME
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        """Everything the run depends on. Under torchrun a collective (call it on every rank):
+        ``world_size`` and ``ranks`` (every rank's replay pool and chain stream) replace
+        ``replay``."""
+        state = {
             "epoch": self.epoch,
             "sampler": self.sampler.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "replay": self.pool.state_dict(),
             "generator": self.generator.get_state(),
-            "history": {"loss": self.history.loss, "evals": self.history.evals},
+            "history": {
+                "loss": self.history.loss,
+                "evals": self.history.evals,
+                "seconds": self.history.seconds,
+            },
             **self.extra_checkpoint,
         }
+        if self.world > 1:
+            del state["replay"]
+            local = {
+                "replay": _to_cpu(self.pool.state_dict()),
+                "generator": self.chain_generator.get_state().cpu(),
+            }
+            state["world_size"] = self.world
+            state["ranks"] = distributed.gather_objects(local)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != self.world:
+            raise ValueError(
+                f"the checkpoint was written by {saved_world} process(es) but this run has "
+                f"{self.world}: resume with the same number (torchrun --nproc_per_node="
+                f"{saved_world} ..., or no torchrun for 1)"
+            )
         self.sampler.load_state_dict(state["sampler"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.pool.load_state_dict(state["replay"])
+        if self.world == 1:
+            self.pool.load_state_dict(state["replay"])
+        else:
+            mine = state["ranks"][self.shard.rank]
+            replay = dict(mine["replay"])
+            for key in ("theta", "momentum"):
+                replay[key] = replay[key].to(self.device)
+            self.pool.load_state_dict(replay)
+            self.chain_generator.set_state(mine["generator"].cpu())
         self.generator.set_state(state["generator"])
-        self.history = History(list(state["history"]["loss"]), list(state["history"]["evals"]))
+        saved = state["history"]
+        self.history = History(
+            list(saved["loss"]), list(saved["evals"]), float(saved.get("seconds", 0.0))
+        )
         self.epoch = int(state["epoch"])
 
     def save(self) -> None:
+        """Write the checkpoint (rank 0 only; under torchrun every rank must call it)."""
         if self.checkpoint_path is not None:
-            self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(self.checkpoint_path, self.state_dict())
+            state = self.state_dict()
+            if distributed.is_main_process():
+                self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+                save_checkpoint(self.checkpoint_path, state)
 
     def resume(self, path: str | Path | None = None) -> int:
-        """Load the checkpoint (default: ``run_dir/checkpoint.pt``); returns epochs done."""
+        """Load the checkpoint (default: ``run_dir/checkpoint.pt``); returns epochs done.
+
+        Under torchrun rank 0 reads the file and sends it to the others (so only rank 0
+        needs the run directory); every rank must call this.
+        """
         path = Path(path) if path is not None else self.checkpoint_path
-        if path is None or not path.is_file():
-            raise FileNotFoundError(f"no checkpoint to resume from at {path}")
-        try:
-            state = torch.load(path, map_location=self.device, weights_only=True)
-        except Exception as err:  # corrupted / truncated / not a checkpoint
-            raise ValueError(f"{path} is not a readable metasampler checkpoint: {err}") from err
-        self.load_state_dict(state)
+        outcome: dict[str, Any] | Exception | None = None
+        if distributed.is_main_process():
+            outcome = self._read_checkpoint(path)
+        outcome = distributed.broadcast_object(outcome)
+        if isinstance(outcome, Exception):
+            raise outcome
+        self.load_state_dict(outcome)
         return self.epoch
+
+    def _read_checkpoint(self, path: Path | None) -> dict[str, Any] | Exception:
+        if path is None or not path.is_file():
+            return FileNotFoundError(f"no checkpoint to resume from at {path}")
+        # (Other ranks get rank 0's copy: load it on the CPU, each maps it to its device.)
+        device = self.device if self.world == 1 else "cpu"
+        try:
+            return torch.load(path, map_location=device, weights_only=True)
+        except Exception as err:  # corrupted / truncated / not a checkpoint
+            error = ValueError(f"{path} is not a readable metasampler checkpoint: {err}")
+            error.__cause__ = err
+            return error
 
     # -- training ---------------------------------------------------------------------------
     def train(self) -> History:
@@ -173,15 +261,18 @@ class MetaTrainer:
         s = self.settings
         windows = math.ceil(s.steps_per_sub_epoch / s.unroll)
         total = (s.epochs - self.epoch) * s.sub_epochs * windows
-        bar = tqdm(total=total, desc="meta-train", disable=not self.progress)
+        show = self.progress and distributed.is_main_process()
+        bar = tqdm(total=total, desc="meta-train", disable=not show)
         with bar:
             while self.epoch < s.epochs:
                 epoch = self.epoch + 1
+                started = time.perf_counter()
                 problem = self.problems(epoch, self.generator)
                 losses = []
                 for sub in range(s.sub_epochs):
                     losses.extend(self._sub_epoch(problem, epoch, sub, bar))
                 self.epoch = epoch
+                self.history.seconds += time.perf_counter() - started
                 mean_loss = sum(losses) / max(len(losses), 1)
                 self.history.loss.append(mean_loss)
                 self._log("loss/total", mean_loss, epoch)
@@ -191,6 +282,7 @@ class MetaTrainer:
                 self._terms = {"cross_chain": [], "in_chain": []}
                 if (
                     self.evaluate is not None
+                    and distributed.is_main_process()  # (its chains are not sharded)
                     and s.eval_every
                     and (epoch % s.eval_every == 0 or epoch == s.epochs)
                 ):
@@ -204,20 +296,28 @@ class MetaTrainer:
         return self.history
 
     def _initial_state(self, problem: Any) -> SamplerState:
-        s = self.settings
-        theta = problem.init(s.n_chains, self.generator)
-        state = self.sampler.init(theta, problem.target, self.generator)
+        theta = problem.init(self.shard.size, self.chain_generator)
+        state = self.sampler.init(theta, problem.target, self.chain_generator)
         if len(self.pool) > 0 and self.pool.dim == theta.shape[1]:
-            theta, momentum, _ = self.pool.draw_initial(theta, state.momentum, self.generator)
+            theta, momentum, _ = self.pool.draw_initial(theta, state.momentum, self.chain_generator)
             state.theta, state.momentum = theta, momentum
         return state
 
     def _sub_epoch(self, problem: Any, epoch: int, sub: int, bar: tqdm) -> list[float]:
         s = self.settings
         target = problem.target
-        state = self._initial_state(problem)
+        with self._abort_on_peer_failure(), distributed.failure_guard("starting chains"):
+            state = self._initial_state(problem)
         collector = None
-        if s.in_chain_weight > 0:
+        if s.in_chain_weight > 0 and self.world > 1:
+            collector = ShardedInChainCollector(
+                self.shard,
+                burn_in=s.in_chain_burn_in,
+                thinning=s.in_chain_thinning,
+                n_select=s.in_chain_chains,
+                generator=self.generator,  # shared: every rank draws the same subset
+            )
+        elif s.in_chain_weight > 0:
             collector = InChainCollector(
                 s.n_chains,
                 burn_in=s.in_chain_burn_in,
@@ -232,31 +332,43 @@ class MetaTrainer:
             length = min(s.unroll, s.steps_per_sub_epoch - done)
             positions: list[Tensor] = []
             grads: list[Tensor] = []
-            for _ in range(length):
-                previous = state.theta
-                try:
-                    state = self.sampler.step(state, target, self.generator)
-                except NonFiniteError as err:
-                    raise self._diverged(f"a chain diverged ({err})", epoch, sub) from None
-                t = state.step - 1  # ``previous`` is the position after step t
-                if t == done:  # the window's first position is detached: no meta-gradient
-                    continue
-                if s.cross_chain_every and t % s.cross_chain_every == 0:
-                    positions.append(previous)
-                    grads.append(state.grad)
-                if collector is not None:
-                    collector.collect(t, previous, state.grad)
+            # (Under torchrun an error on one rank stops every rank at the end of the unroll.)
+            with (
+                self._abort_on_peer_failure(),
+                distributed.failure_guard("unrolling the chains"),
+            ):
+                for _ in range(length):
+                    previous = state.theta
+                    try:
+                        state = self.sampler.step(state, target, self.chain_generator)
+                    except NonFiniteError as err:
+                        what = f"a chain diverged ({err}){self._on_rank()}"
+                        raise self._diverged(what, epoch, sub) from None
+                    t = state.step - 1  # ``previous`` is the position after step t
+                    if t == done:  # the window's first position is detached: no meta-gradient
+                        continue
+                    if s.cross_chain_every and t % s.cross_chain_every == 0:
+                        positions.append(previous)
+                        grads.append(state.grad)
+                    if collector is not None:
+                        collector.collect(t, previous, state.grad)
             done += length
-            cross = cross_chain_loss(positions, grads, **stein) if positions else None
-            in_chain = None
-            if collector is not None and collector.n_samples >= 2:
-                in_chain = collector.loss(**stein)
-            for name, term in (("cross_chain", cross), ("in_chain", in_chain)):
-                if term is not None:
-                    self._terms[name].append(float(term.detach()))
-            if cross is not None or in_chain is not None:
-                loss = combined_loss(cross, in_chain, (s.cross_chain_weight, s.in_chain_weight))
-                losses.append(self._update(loss, epoch, sub))
+            if self.world > 1:
+                value = self._sharded_update(positions, grads, collector, stein, epoch, sub)
+                if value is not None:
+                    losses.append(value)
+            else:
+                cross = cross_chain_loss(positions, grads, **stein) if positions else None
+                in_chain = None
+                if collector is not None and collector.n_samples >= 2:
+                    in_chain = collector.loss(**stein)
+                for name, term in (("cross_chain", cross), ("in_chain", in_chain)):
+                    if term is not None:
+                        self._terms[name].append(float(term.detach()))
+                if cross is not None or in_chain is not None:
+                    weights = (s.cross_chain_weight, s.in_chain_weight)
+                    loss = combined_loss(cross, in_chain, weights)
+                    losses.append(self._update(loss, epoch, sub))
             if collector is not None:
                 collector.clear()
             state = state.detach()
@@ -285,6 +397,10 @@ class MetaTrainer:
             raise self._diverged(f"non-finite meta-loss {value}", epoch, sub)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        return self._step_optimizer(epoch, sub, value)
+
+    def _step_optimizer(self, epoch: int, sub: int, value: float) -> float:
+        """Clip, check and apply the gradients in ``.grad``; returns ``value``."""
         params = [p for p in self.sampler.parameters() if p.grad is not None]
         if self.settings.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.settings.grad_clip)
@@ -294,6 +410,99 @@ class MetaTrainer:
             raise self._diverged("non-finite meta-gradient", epoch, sub)
         self.optimizer.step()
         return value
+
+    # -- sharded chains (torchrun) ------------------------------------------------------------
+    def _sharded_update(
+        self,
+        positions: list[Tensor],
+        grads: list[Tensor],
+        collector: ShardedInChainCollector | None,
+        stein: dict[str, float],
+        epoch: int,
+        sub: int,
+    ) -> float | None:
+        """One window's loss and Adam step with the chains sharded across ranks.
+
+        Collectives first (gathering positions), then the local loss and backward pass in a
+        failure guard, then one all-reduce of the gradients with the loss values. Every
+        decision (whether a term exists, whether values are finite) is taken on data that is
+        identical on all ranks, so the ranks never disagree on which collective comes next.
+        """
+        s = self.settings
+        everyone = gather_slices(positions, self.shard) if positions else None
+        pool = None
+        if collector is not None and collector.n_samples >= 2:
+            pool = collector.gather()
+        if everyone is None and pool is None:
+            return None
+        with (
+            self._abort_on_peer_failure(),
+            distributed.failure_guard("computing the meta-gradient"),
+        ):
+            cross = in_chain = None
+            if everyone is not None:
+                cross = sharded_cross_chain_loss(positions, grads, everyone, self.shard, **stein)
+            if pool is not None:
+                in_chain = collector.sharded_loss(pool, **stein)
+            loss = combined_loss(cross, in_chain, (s.cross_chain_weight, s.in_chain_weight))
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        # The meta-gradient: each rank's loss is its share of the global surrogate and its
+        # backward pass reaches only its own chains, so the global gradient is the SUM of the
+        # ranks' gradients (an average would need every share scaled by W). One explicit
+        # all-reduce per window rather than DistributedDataParallel: DDP reduces after a
+        # single forward/backward of a module, while here the "forward" is a whole unrolled
+        # window of sampler steps plus collectives, and the loss values and a has-gradient
+        # flag per parameter travel in the same buffer (all ranks then take the same
+        # decisions). float64: a sum of a few float32 values is exact in float64, so the
+        # result does not depend on the reduction order (identical and reproducible).
+        params = list(self.sampler.parameters())
+        f64 = {"dtype": torch.float64, "device": self.device}
+        pieces = [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(**f64)
+            for p in params
+        ]
+        flags = torch.tensor([float(p.grad is not None) for p in params], **f64)
+        scalars = [
+            torch.zeros(1, **f64) if t is None else t.detach().reshape(1).to(**f64)
+            for t in (loss, cross, in_chain)
+        ]
+        bad = torch.zeros(self.world, **f64)  # which ranks' shares are not finite
+        bad[self.shard.rank] = float(not math.isfinite(float(scalars[0])))
+        buffer = distributed.all_reduce_sum(torch.cat([*pieces, flags, bad, *scalars]))
+        offset = 0
+        for p in params:
+            p.grad = buffer[offset : offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()
+        for p, flag in zip(params, buffer[offset : offset + len(params)].tolist(), strict=True):
+            if flag == 0:  # no rank's loss reached it: leave it out as one process would
+                p.grad = None
+        offset += len(params)
+        bad_ranks = [r for r, b in enumerate(buffer[offset : offset + self.world].tolist()) if b]
+        total, cross_value, in_value = buffer[-3:].tolist()
+        for name, term, value in (
+            ("cross_chain", cross, cross_value),
+            ("in_chain", in_chain, in_value),
+        ):
+            if term is not None:
+                self._terms[name].append(value)
+        if not math.isfinite(total):
+            where = f" (from rank {', '.join(map(str, bad_ranks))})" if bad_ranks else ""
+            raise self._diverged(f"non-finite meta-loss {total}{where}", epoch, sub)
+        return self._step_optimizer(epoch, sub, total)
+
+    @contextmanager
+    def _abort_on_peer_failure(self) -> Iterator[None]:
+        """Another rank diverged: stop with :class:`TrainingDivergedError` here too."""
+        try:
+            yield
+        except PeerFailureError as err:
+            if err.kind in ("TrainingDivergedError", "NonFiniteError"):
+                raise TrainingDivergedError(f"rank {err.rank}: {err.detail}") from None
+            raise
+
+    def _on_rank(self) -> str:
+        return f" on rank {self.shard.rank}" if self.world > 1 else ""
 
     def _diverged(self, what: str, epoch: int, sub: int) -> TrainingDivergedError:
         where = self.checkpoint_path
