@@ -20,6 +20,11 @@ interrupted or failed run leaves earlier results as they were):
   ``calibration.png`` (reliability diagram); ``config.yaml``;
 * ``tb/<method>/seed<seed>/`` TensorBoard logs (``tensorboard --logdir <out_dir>``).
 
+Under ``torchrun --nproc_per_node=N evaluate.py ...`` every method's ``budget.n_chains``
+chains are sharded across the processes; ensemble and posterior-average predictions are
+combined over all ranks before any metric is computed, and rank 0 writes the results (see
+docs/DISTRIBUTED.md).
+
 Exit status: 0 on success; 2 for a bad config, a missing or invalid sampler file, or missing
 data (the message says how to install it); 1 when every method failed; 130 on Ctrl-C.
 """
@@ -27,6 +32,7 @@ data (the message says how to install it); 1 when every method failed; 130 on Ct
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import uuid
@@ -34,7 +40,8 @@ from pathlib import Path
 
 
 def _fail(message: str, code: int = 2) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: rank 0 says
+        print(f"error: {message}", file=sys.stderr)
     return code
 
 
@@ -86,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = torch.device(cfg.device)
+    from metasampler import distributed
+
+    # Under torchrun: join the process group (one GPU per process for CUDA); else a no-op.
+    device = distributed.init_from_env(
+        cfg.distributed.backend.value, cfg.device, cfg.distributed.timeout_s
+    )
+    main_process = distributed.is_main_process()  # rank 0 prints and writes the results
 
     # 1. The sampler file, validated before any work.
     sampler_path = None
@@ -146,32 +159,40 @@ def main(argv: list[str] | None = None) -> int:
             f"task {problem.name!r} is not a classification problem (evaluate.py needs "
             "Problem.data with train/val/test splits)"
         )
-    print(
-        f"{problem.name}: D = {problem.target.dim}, N = {problem.target.n_data}; "
-        f"{cfg.budget.n_chains} chains x {cfg.budget.n_steps} steps, seeds {list(cfg.seeds)}"
-    )
+    if main_process:
+        shards = (
+            f" over {distributed.world_size()} processes" if distributed.world_size() > 1 else ""
+        )
+        print(
+            f"{problem.name}: D = {problem.target.dim}, N = {problem.target.n_data}; "
+            f"{cfg.budget.n_chains} chains x {cfg.budget.n_steps} steps{shards}, "
+            f"seeds {list(cfg.seeds)}"
+        )
 
     # 3. Run into a staging directory; publish only a complete result.
     out_root = Path(cfg.out_dir)
     final_dir = out_root / cfg.name
-    out_root.mkdir(parents=True, exist_ok=True)
     staging = out_root / f".{cfg.name}.partial-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
+    if main_process:
+        out_root.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
     try:
         result = run_benchmark(
             cfg, problem, sampler_path=sampler_path, out_dir=staging, progress=cfg.progress
         )
-        write_results(result, staging, to_yaml(cfg))
-        publish(staging, final_dir)
+        if main_process:
+            write_results(result, staging, to_yaml(cfg))
+            publish(staging, final_dir)
     except KeyboardInterrupt:
         print("interrupted; nothing written", file=sys.stderr)
         return 130
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
-    print()
-    print((final_dir / "table.md").read_text())
-    print(f"results written to {final_dir}/")
+    if main_process:
+        print()
+        print((final_dir / "table.md").read_text())
+        print(f"results written to {final_dir}/")
     methods = result.summary["methods"].values()
     if all(m.get("error") or m.get("n_diverged", 0) == len(m.get("runs", [])) for m in methods):
         return _fail("every method failed (diverged or untunable); see the table", code=1)

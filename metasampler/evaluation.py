@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import distributed
 from .bayesian import BayesianModel
 from .driver import sample
 from .samplers import (
@@ -83,8 +84,13 @@ __all__ = [
     "ensemble_metrics",
     "error_rate",
     "expected_calibration_error",
+    "frame_metrics",
+    "frame_targets",
+    "is_sequence_model",
+    "jsonable",
     "metrics_from_log_probs",
     "negative_log_likelihood",
+    "predict_frame_log_probs",
     "predict_log_probs",
     "predictive_entropy",
     "run_benchmark",
@@ -253,6 +259,72 @@ def predict_log_probs(
         for i in range(0, x.shape[0], batch_size)
     ]
     return torch.cat(pieces, dim=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Sequence tasks (likelihood "bernoulli_sequence": 88-key piano rolls, tasks/chorales.py)
+# --------------------------------------------------------------------------------------------
+# A sequence task is scored per frame: its "examples" are the real (unpadded) frames, and its
+# per-chain "log-probabilities" are (K, F, 1 + P): column 0 is log p(frame_f | theta_k) (the
+# product of the P independent Bernoullis), columns 1: are log P(key on | theta_k). Averaging
+# probabilities over chains (ensemble_log_probs_from_lp, RunningAverage) then gives the chain
+# mixture of every frame and its per-key marginals, so the classification accumulators apply
+# unchanged.
+def is_sequence_model(model: Any) -> bool:
+    """Whether ``model`` (a target) is scored per frame (``bernoulli_sequence`` likelihood)."""
+    return getattr(model, "likelihood", None) == "bernoulli_sequence"
+
+
+def frame_targets(y: Tensor) -> Tensor:
+    """The real frames of padded targets ``(B, T, P)`` (frames of ``-1`` dropped), ``(F, P)``
+    booleans, in the order of :func:`predict_frame_log_probs`."""
+    if y.ndim != 3:
+        raise ValueError(f"sequence targets must have shape (B, T, P), got {tuple(y.shape)}")
+    return y[(y >= 0).all(-1)] > 0.5
+
+
+@torch.no_grad()
+def predict_frame_log_probs(
+    model: BayesianModel, theta: Tensor, x: Tensor, y: Tensor, batch_size: int = 1000
+) -> Tensor:
+    """``(K, F, 1 + P)`` per-frame log-likelihoods and per-key log-marginals of every chain on
+    the real frames of ``(x, y)`` (sequences in chunks of ``batch_size``); see above."""
+    from .bayesian import bernoulli_frame_log_lik
+
+    pieces = []
+    for i in range(0, x.shape[0], batch_size):
+        logits = model.forward(theta, x[i : i + batch_size]).double()  # (K, b, T, P)
+        targets = y[i : i + batch_size].to(logits.device, torch.float64).expand_as(logits)
+        frame = bernoulli_frame_log_lik(logits, targets).unsqueeze(-1)
+        valid = (targets[0] >= 0).all(-1)
+        pieces.append(torch.cat([frame, F.logsigmoid(logits)], dim=-1)[:, valid])
+    return torch.cat(pieces, dim=1)
+
+
+def frame_metrics(log_probs: Tensor, targets: Tensor) -> dict[str, float]:
+    """Metrics of an ``(F, 1 + P)`` frame predictive (see above) against ``(F, P)`` targets.
+
+    ``nll``: mean over frames of ``-log p(frame)`` (nats per frame, summed over keys);
+    ``error``: ``1 - `` frame-level accuracy ``TP / (TP + FP + FN)`` (Bay et al. 2009) of keys
+    predicted on where their predictive marginal exceeds 1/2; ``ece`` and ``entropy`` are
+    ``nan`` (not defined here).
+    """
+    if log_probs.ndim != 2 or log_probs.shape[0] != targets.shape[0]:
+        raise ValueError(
+            f"frame log-probs (F, 1 + P) and targets (F, P) do not match: "
+            f"{tuple(log_probs.shape)}, {tuple(targets.shape)}"
+        )
+    on = log_probs[:, 1:] > -math.log(2.0)
+    truth = targets.to(on.device).bool()
+    tp = float((on & truth).sum())
+    wrong = float((on ^ truth).sum())  # false positives + false negatives
+    accuracy = tp / (tp + wrong) if tp + wrong > 0 else 1.0
+    return {
+        "error": 1.0 - accuracy,
+        "nll": float(-log_probs[:, 0].double().mean()),
+        "ece": math.nan,
+        "entropy": math.nan,
+    }
 
 
 # ============================================================================================
@@ -550,11 +622,20 @@ def run_method(
     A chain that becomes non-finite ends the run: the rows so far are kept, the final metrics
     are ``nan`` and ``diverged_at`` / ``message`` say where.
 
+    Under torchrun the ``n_chains`` chains are sharded across the ranks (each runs its share
+    with its own stream, :func:`metasampler.distributed.rank_seed` of ``seed``); ensemble and
+    posterior-average predictives are combined over all ranks before any metric is computed,
+    so every rank returns the metrics of all ``n_chains`` chains, and a divergence on one
+    rank ends the run on all of them.
+
     Args:
         sampler: any sampler (baseline or loaded NNSGHMC).
         target: the :class:`BayesianModel` on the training split.
         init: ``(n_chains, generator) -> (K, D)`` start positions.
         main: labeled set of the learning curves (test set; validation set when tuning).
+            For a sequence target (``bernoulli_sequence`` likelihood) it is scored per frame
+            (:func:`frame_metrics`: error = 1 - frame accuracy, NLL per frame; ECE, entropy
+            and calibration are not computed).
         extra: unlabeled sets, e.g. ``{"ood": EvalSet(x_ood)}``, scored by entropy only.
         n_chains, n_steps, burn_in, thin, eval_every: the budget.
         seed: seeds initialisation, noise and minibatches.
@@ -567,11 +648,29 @@ def run_method(
         raise ValueError("the main eval set needs labels")
     extra = dict(extra or {})
     sets = {"main": main, **extra}
+    shard = distributed.chain_shard(n_chains)  # this rank's chains (all of them if single)
+    peer = {"failed": False}
     averages = {name: RunningAverage() for name in sets}
     curves: list[dict[str, float]] = []
     n_data, batch = target.n_data, target.batch_size
     clock = {"sampling": 0.0, "mark": 0.0, "step": 0}
     y_main = main.y.to(target.device)
+    # Sequence tasks are scored per frame (see predict_frame_log_probs); no ECE / entropy.
+    sequence = is_sequence_model(target)
+    if sequence and extra:
+        raise ValueError("sequence tasks take no unlabeled eval sets (extra)")
+    frames = frame_targets(y_main) if sequence else None
+
+    def predict(theta: Tensor) -> Tensor:
+        if sequence:
+            return predict_frame_log_probs(target, theta, main.x, y_main, eval_batch_size)
+        return predict_log_probs(target, theta, main.x, eval_batch_size)
+
+    def curve_scores(lp: Tensor) -> tuple[float, float]:
+        if sequence:
+            values = frame_metrics(lp, frames)
+            return values["error"], values["nll"]
+        return error_rate(lp, y_main), negative_log_likelihood(lp, y_main)
 
     def callback(state: SamplerState) -> None:
         now = time.perf_counter()
@@ -580,7 +679,8 @@ def run_method(
         collect = k > burn_in and (k - burn_in) % thin == 0 and sampler.collects(k)
         report = k % eval_every == 0 or k == n_steps
         if collect or report:
-            main_lp = predict_log_probs(target, state.theta, main.x, eval_batch_size)
+            _stop_if_a_peer_diverged(peer)
+            main_lp = predict(state.theta)
             if collect:
                 averages["main"].update(main_lp)
                 for name, ev in extra.items():
@@ -588,21 +688,22 @@ def run_method(
                         predict_log_probs(target, state.theta, ev.x, eval_batch_size)
                     )
             if report:
-                ens = ensemble_log_probs_from_lp(main_lp)
+                ens = _ensemble_lp(main_lp, n_chains)
+                ens_error, ens_nll = curve_scores(ens)
+                merged = _merged(averages["main"])
                 row = {
                     "step": k,
                     "epoch": k * batch / n_data,
                     "seconds": clock["sampling"],
-                    "ensemble_error": error_rate(ens, y_main),
-                    "ensemble_nll": negative_log_likelihood(ens, y_main),
+                    "ensemble_error": ens_error,
+                    "ensemble_nll": ens_nll,
                     "average_error": math.nan,
                     "average_nll": math.nan,
-                    "n_averaged": averages["main"].count,
+                    "n_averaged": merged.count,
                 }
-                if averages["main"].count:
-                    avg = averages["main"].log_mean()
-                    row["average_error"] = error_rate(avg, y_main)
-                    row["average_nll"] = negative_log_likelihood(avg, y_main)
+                if merged.count:
+                    avg = merged.log_mean()
+                    row["average_error"], row["average_nll"] = curve_scores(avg)
                 curves.append(row)
                 if on_eval is not None:
                     on_eval(row)
@@ -614,7 +715,7 @@ def run_method(
         clock["mark"] = time.perf_counter()
 
     def timed_init(generator: torch.Generator) -> Tensor:
-        theta = init(n_chains, generator)
+        theta = init(shard.size, generator)
         clock["mark"] = time.perf_counter()  # the clock starts after initialisation
         return theta
 
@@ -625,10 +726,10 @@ def run_method(
         sample(
             sampler,
             target,
-            n_chains,
+            shard.size,
             n_steps,
             init=timed_init,
-            seed=seed,
+            seed=shard.seed(seed),
             progress=False,
             callback=callback,
             store=False,
@@ -637,6 +738,11 @@ def run_method(
         )
     except NonFiniteError as err:
         message = str(err)
+        if shard.world > 1 and not peer["failed"]:
+            # This rank's chains diverged: tell the other ranks, which wait for it at their
+            # next scoring step, so that all ranks stop together with the same message.
+            failure = distributed.peer_status(err)
+            message = f"rank {failure.rank}: {failure.detail}"
         diverged_at = _step_from_message(message, default=int(clock["step"]) + 1)
 
     seconds = clock["sampling"]
@@ -645,13 +751,20 @@ def run_method(
     calibration = None
     nan_metrics = dict.fromkeys(("error", "nll", "ece", "entropy"), math.nan)
     finished = diverged_at is None and "theta" in final_state
+    if finished and shard.world > 1:  # every rank's chains (all ranks finish together)
+        averages = {name: _merged(average) for name, average in averages.items()}
     averaged = finished and averages["main"].count > 0
-    ens = ensemble_log_probs_from_lp(final_state["main_lp"]) if finished else None
+    ens = _ensemble_lp(final_state["main_lp"], n_chains) if finished else None
     avg = averages["main"].log_mean() if averaged else None
     for prefix, lp in (("ensemble", ens), ("average", avg)):
-        values = nan_metrics if lp is None else metrics_from_log_probs(lp, y_main, ece_bins)
+        if lp is None:
+            values = nan_metrics
+        elif sequence:
+            values = frame_metrics(lp, frames)
+        else:
+            values = metrics_from_log_probs(lp, y_main, ece_bins)
         final.update({f"{prefix}_{name}": value for name, value in values.items()})
-    if avg is not None:
+    if avg is not None and not sequence:
         entropies["main"] = predictive_entropy(avg).cpu().numpy()
         calibration = calibration_bins(avg, y_main, ece_bins)
     for name, ev in extra.items():
@@ -662,7 +775,7 @@ def run_method(
             final[f"{name}_entropy"] = float(ent.mean())
         if finished:
             lp = predict_log_probs(target, final_state["theta"], ev.x, eval_batch_size)
-            ent_ens = predictive_entropy(ensemble_log_probs_from_lp(lp))
+            ent_ens = predictive_entropy(_ensemble_lp(lp, n_chains))
             final[f"{name}_entropy_ensemble"] = float(ent_ens.mean())
     final["n_averaged"] = float(averages["main"].count)
     done = n_steps if diverged_at is None else max(diverged_at, 1)
@@ -673,6 +786,38 @@ def run_method(
 def ensemble_log_probs_from_lp(log_probs: Tensor) -> Tensor:
     """``(K, B, C)`` per-chain log-probabilities -> ``(B, C)`` log of their average."""
     return torch.logsumexp(log_probs, 0) - math.log(log_probs.shape[0])
+
+
+# Chains sharded across ranks (torchrun): ensemble predictions are combined *before* any
+# metric is computed (the error of an ensemble is not the mean of the ranks' errors). Each
+# rank sends one (B, C) log-sum of its chains' probabilities, so the communication per scoring
+# step grows with the eval set, not with K or D. Single process: the local values as they are.
+def _ensemble_lp(log_probs: Tensor, n_total: int) -> Tensor:
+    """``log(1/K sum_k p_k)`` over all ranks' chains from this rank's ``(k, B, C)``."""
+    if distributed.world_size() == 1:
+        return ensemble_log_probs_from_lp(log_probs)
+    log_sum = distributed.logsumexp_over_ranks(torch.logsumexp(log_probs, 0))
+    return log_sum - math.log(n_total)
+
+
+def _merged(average: RunningAverage) -> RunningAverage:
+    """One running average of all ranks' chains (``average`` itself in a single process)."""
+    if distributed.world_size() == 1 or average._log_sum is None:
+        return average
+    merged = RunningAverage()
+    merged._log_sum = distributed.logsumexp_over_ranks(average._log_sum)
+    count = torch.tensor([float(average.count)], dtype=torch.float64)
+    merged.count = int(distributed.all_reduce_sum(count).item())
+    return merged
+
+
+def _stop_if_a_peer_diverged(peer: dict[str, bool]) -> None:
+    """Sharded runs, at every scoring step: stop here too if another rank's chains diverged
+    (that rank reports at the scoring step the others wait at; no rank is left hanging)."""
+    failure = distributed.peer_status(None)
+    if failure is not None:
+        peer["failed"] = True
+        raise NonFiniteError(f"rank {failure.rank}: {failure.detail}")
 
 
 def _step_from_message(message: str, default: int | None) -> int | None:
@@ -754,6 +899,12 @@ def run_benchmark(
     from tqdm.auto import tqdm
 
     log = log or tqdm.write
+    main_process = distributed.is_main_process()  # torchrun: only rank 0 reports and writes
+    if not main_process:
+
+        def log(_: str) -> None:
+            pass
+
     data = problem.data
     target: BayesianModel = problem.target
     budget, tune = cfg.budget, cfg.tune
@@ -780,13 +931,15 @@ def run_benchmark(
         grids[key] = grid if grid else [None]  # None: nnsghmc's stored step
     n_tune_runs = sum(len(g) for g in grids.values() if len(g) > 1) if tune.enabled else 0
     total = n_tune_runs * tune.n_steps + len(methods) * len(cfg.seeds) * budget.n_steps
-    bar = tqdm(total=total, disable=not progress, unit="step", dynamic_ncols=True)
+    bar = tqdm(
+        total=total, disable=not (progress and main_process), unit="step", dynamic_ncols=True
+    )
 
     def tick(_: int) -> None:
         bar.update(1)
 
     def writer(*parts: str):
-        if not cfg.tensorboard:
+        if not cfg.tensorboard or not main_process:
             return None
         from torch.utils.tensorboard import SummaryWriter
 
@@ -951,10 +1104,15 @@ def run_benchmark(
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "device": str(device),
+            # (only when sharded, so single-process results keep their exact form)
+            **({"processes": distributed.world_size()} if distributed.world_size() > 1 else {}),
         },
         "config": OmegaConf.to_container(cfg, resolve=True),
         "methods": method_summaries,
     }
+    if is_sequence_model(target):  # scored per frame: say so (classification keys unchanged)
+        summary["scoring"] = "frames"
+        summary["n_test_frames"] = int(frame_targets(test.y).shape[0])
     return BenchmarkResult(summary, runs)
 
 
@@ -985,14 +1143,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _jsonable(value: Any) -> Any:
-    """Strict JSON: non-finite floats become ``null``; numpy scalars/arrays become Python."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+def jsonable(value: Any) -> Any:
+    """Strict JSON: non-finite floats become ``null``; numpy scalars/arrays become Python;
+    mappings (keys as strings), lists and tuples are converted recursively."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
+        return jsonable(value.tolist())
     if isinstance(value, (np.floating, float)):
         return float(value) if math.isfinite(value) else None
     if isinstance(value, np.integer):
@@ -1051,6 +1210,16 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
         "of the posterior average on out-of-distribution inputs (higher is better). "
         "ms/step: sampling wall-clock, evaluation excluded. lr: per-batch learning rate "
         "chosen on the validation split.",
+    ]
+    if summary.get("scoring") == "frames":
+        lines += [
+            "",
+            f"Sequence task, scored on the {summary['n_test_frames']} real test frames: NLL in "
+            "nats per frame (summed over the keys) of the chain mixture; err = 1 - frame-level "
+            "accuracy TP/(TP+FP+FN) of keys whose predictive probability exceeds 1/2; N counts "
+            "chunks of frames; no ECE or OOD set.",
+        ]
+    lines += [
         "",
         "## Step-size tuning (validation NLL of the posterior average)",
         "",
@@ -1283,7 +1452,7 @@ def write_results(result: BenchmarkResult, directory: str | os.PathLike, config_
     summary = result.summary
     atomic_write_text(
         directory / "results.json",
-        json.dumps(_jsonable(summary), indent=1, allow_nan=False) + "\n",
+        json.dumps(jsonable(summary), indent=1, allow_nan=False) + "\n",
     )
     atomic_write_text(directory / "summary.csv", _csv_text(_summary_rows(summary), _SUMMARY_FIELDS))
     atomic_write_text(directory / "curves.csv", _csv_text(_curve_rows(summary), _CURVE_FIELDS))

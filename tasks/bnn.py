@@ -9,7 +9,8 @@ Task kinds (``TaskConfig.kind``), built by :func:`build_bnn_problem` (called fro
   :func:`make_cnn` with ``task.channels`` channels and an fc layer of ``task.hidden[0]``
   units (paper training net: 8 channels + fc 50; NT test net: 16 channels + fc 100).
   Inputs ``(N, 1, 28, 28)``.
-* ``chorale_gru`` — not available (needs the optional music21 data); raises ``ValueError``.
+* ``chorale_gru`` — a GRU on Bach-chorale / Palestrina piano rolls (a sequence task, built by
+  :func:`tasks.chorales.build_chorale_problem`; needs the optional music21 corpus).
 
 ``task.classes`` keeps only those classes and relabels them ``0..k-1`` in the order given
 (NT+Data: train the sampler on ``[0, 1, 2, 3, 4]``, test on ``[5, 6, 7, 8, 9]``).
@@ -59,6 +60,7 @@ __all__ = [
     "split_indices",
     "build_classification_data",
     "build_bnn_problem",
+    "problem_from_splits",
     "BNN_KINDS",
 ]
 
@@ -251,9 +253,8 @@ def build_classification_data(
     kind = str(_value(cfg.kind))
     if kind == "chorale_gru":
         raise ValueError(
-            "task kind chorale_gru is not available yet: the Bach-chorale GRU task needs the "
-            "optional music21 corpus (the 'music' extra) and is not implemented; use task.kind "
-            "mnist_mlp or fmnist_cnn"
+            "task kind chorale_gru is a sequence task, not a classification one: use "
+            "tasks.chorales.build_sequence_data (build_bnn_problem dispatches to it)"
         )
     if kind not in ("mnist_mlp", "fmnist_cnn"):
         raise ValueError(f"build_bnn_problem handles {BNN_KINDS}, got task kind {kind!r}")
@@ -332,21 +333,56 @@ def build_bnn_problem(
     ``exact``: ``None``; ``data``: the :class:`ClassificationData`.
 
     Raises:
-        ValueError: ``chorale_gru`` (not available yet), an unknown kind, bad classes, or a
-            batch size larger than the training split.
+        ValueError: an unknown kind, bad classes, or a batch size larger than the training
+            split.
         DataUnavailableError: the data set is not installed (the message says how).
+
+    ``chorale_gru`` is handed to :func:`tasks.chorales.build_chorale_problem`.
     """
+    if str(_value(cfg.kind)) == "chorale_gru":
+        from .chorales import build_chorale_problem  # (music21 only when asked for)
+
+        return build_chorale_problem(cfg, seed=seed, device=device, dtype=dtype)
     data = build_classification_data(cfg, seed=seed, device=device, dtype=dtype)
+    return problem_from_splits(data, cfg, "categorical", device=device, dtype=dtype)
+
+
+def problem_from_splits(
+    data: ClassificationSplits,
+    cfg: Any,
+    likelihood: str,
+    *,
+    unit: str = "examples",
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Problem:
+    """A :class:`tasks.registry.Problem` of a Bayesian network on the training split of ``data``.
+
+    ``target``: :class:`metasampler.BayesianModel` of ``data.model`` on
+    ``(data.x_train, data.y_train)`` with ``likelihood``, ``prior_std = cfg.prior_std`` and
+    ``batch_size = cfg.batch_size``; ``init(n_chains, generator)``:
+    ``target.init_positions(..., scheme="module")``; ``exact``: ``None``; ``name``:
+    ``data.name``; ``data``: ``data``.
+
+    Args:
+        data: the splits and architecture (:class:`ClassificationData`,
+            ``tasks.chorales.SequenceData``).
+        cfg: the task config (reads ``batch_size`` and ``prior_std``).
+        likelihood: a :class:`metasampler.BayesianModel` likelihood name.
+        unit: what one training item is called in the batch-size error message.
+
+    Raises:
+        ValueError: ``cfg.batch_size`` exceeds the number of training items.
+    """
     n_train = len(data.y_train)
     if int(cfg.batch_size) > n_train:
         raise ValueError(
-            f"task.batch_size={cfg.batch_size} exceeds the {n_train} training examples of "
-            f"{data.name}"
+            f"task.batch_size={cfg.batch_size} exceeds the {n_train} training {unit} of {data.name}"
         )
     target = BayesianModel(
         data.model,
         (data.x_train, data.y_train),
-        likelihood="categorical",
+        likelihood=likelihood,
         prior_std=float(cfg.prior_std),
         batch_size=int(cfg.batch_size),
         dtype=dtype,

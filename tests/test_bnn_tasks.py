@@ -364,8 +364,8 @@ def test_mnist_mlp_problem():
 
 @needs_mlxtend
 def test_bnn_config_errors():
-    with pytest.raises(ValueError, match="chorale_gru is not available yet"):
-        build_problem(TaskConfig(kind="chorale_gru"))
+    with pytest.raises(ValueError, match="chorale_gru is a sequence task"):
+        build_classification_data(TaskConfig(kind="chorale_gru"))
     with pytest.raises(ValueError, match="batch_size=4000 exceeds the 3500"):
         build_bnn_problem(TaskConfig(kind="mnist_mlp", batch_size=4000), seed=0)
 
