@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\nTransfer benchmark: MNIST-trained sampler on a larger MLP (configs/eval/quick.yaml)")
     import evaluate
 
-    return evaluate.main(["--config", str(ROOT / "configs" / "eval" / "quick.yaml")])
+    overrides = [] if sys.stderr.isatty() else ["progress=false"]  # no bar spam in logs
+    return evaluate.main(["--config", str(ROOT / "configs" / "eval" / "quick.yaml"), *overrides])
 
 
 if __name__ == "__main__":

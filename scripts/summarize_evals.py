@@ -1,0 +1,112 @@
+"""One markdown table across several ``evaluate.py`` result directories.
+
+    python scripts/summarize_evals.py runs/eval/mnist_nt runs/eval/mnist_nt_af ... \
+        [--metric average_error] [--step 50]
+
+Rows are methods, columns are tasks; each cell is mean ± standard error over seeds of the chosen
+final metric (``average_error`` / ``average_nll`` / ``ensemble_error`` / ``ensemble_nll`` /
+``average_ece`` / ``ood_entropy`` / ``seconds_per_step``), read from each ``results.json``;
+with ``--step N`` the learning-curve value at step ``N`` instead (curve metrics only:
+``ensemble_*`` / ``average_*`` error and NLL). The best sampler (not optimiser) per column is in
+bold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+PERCENT = {"average_error", "ensemble_error"}
+
+
+def _cell(stat: dict | None, metric: str) -> tuple[str, float]:
+    if not stat or stat.get("mean") is None or not math.isfinite(stat["mean"]):
+        return "–", math.inf
+    scale = 100.0 if metric in PERCENT else (1000.0 if metric == "seconds_per_step" else 1.0)
+    mean = stat["mean"] * scale
+    se = stat.get("se")
+    digits = 2 if scale != 1.0 else 3
+    text = f"{mean:.{digits}f}"
+    if se is not None and math.isfinite(se):
+        text += f" ± {se * scale:.{digits}f}"
+    return text, mean
+
+
+def _curve_stat(entry: dict, metric: str, step: int) -> dict | None:
+    """Mean ± standard error over seeds of a learning-curve value at ``step``."""
+    values = []
+    for run in entry.get("runs", []):
+        rows = [r for r in run.get("curves", []) if r["step"] == step]
+        if rows and rows[0].get(metric) is not None:
+            values.append(float(rows[0][metric]))
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    se = None
+    if len(values) > 1:
+        var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+        se = math.sqrt(var / len(values))
+    return {"mean": mean, "se": se}
+
+
+def summarize(directories: list[Path], metric: str, step: int | None = None) -> str:
+    """The markdown table of ``metric`` for every method (rows) and result directory (columns),
+    final values or (``step``) learning-curve values."""
+    results = []
+    for directory in directories:
+        path = directory / "results.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found (run evaluate.py first)")
+        results.append(json.loads(path.read_text()))
+    methods: dict[str, tuple[str, bool]] = {}
+    for result in results:
+        for key, entry in result["methods"].items():
+            methods.setdefault(key, (entry["label"], bool(entry["is_sampler"])))
+    higher_is_better = metric == "ood_entropy"
+    cells: dict[str, list[str]] = {key: [] for key in methods}
+    for result in results:
+        column = {}
+        for key in methods:
+            entry = result["methods"].get(key)
+            if entry is None:
+                stat = None
+            elif step is None:
+                stat = entry["summary"].get(metric)
+            else:
+                stat = _curve_stat(entry, metric, step)
+            column[key] = _cell(stat, metric)
+        samplers = [k for k in methods if methods[k][1] and math.isfinite(column[k][1])]
+        best = None
+        if samplers and metric != "seconds_per_step":
+            pick = max if higher_is_better else min
+            best = pick(samplers, key=lambda k: column[k][1])
+        for key in methods:
+            text = column[key][0]
+            cells[key].append(f"**{text}**" if key == best else text)
+    header = "| method | " + " | ".join(r["name"] for r in results) + " |"
+    lines = [header, "|---|" + "---|" * len(results)]
+    for key, (label, is_sampler) in methods.items():
+        name = label if is_sampler else f"{label} (optimiser)"
+        lines.append(f"| {name} | " + " | ".join(cells[key]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directories", nargs="+", type=Path)
+    parser.add_argument("--metric", default="average_error")
+    parser.add_argument("--step", type=int, default=None, help="learning-curve value at a step")
+    args = parser.parse_args(argv)
+    try:
+        print(summarize(args.directories, args.metric, args.step))
+    except (FileNotFoundError, KeyError, json.JSONDecodeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
