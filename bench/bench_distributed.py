@@ -285,6 +285,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     cpu = platform.processor() or platform.machine()
     ts, ms = toy["train"], mlp["train"]
+    busy = max(load_before[0], load_after[0]) > 1.5  # other jobs on the 2 cores
+    load_remark = (
+        " (other jobs were running on the same cores, so the rows are noisy)" if busy else ""
+    )
+    busy_remark = (
+        "; during this run other jobs kept the cores busy (load average above), so a second "
+        "process mostly competed for the same CPU time and the rows measure overhead more than "
+        "scaling"
+        if busy
+        else ""
+    )
     body = f"""
 Throughput of meta-training (`MetaTrainer.train`) and sampling (`metasampler.sample` of an
 NNSGHMC sampler, `store=False`) with the chains in one process and sharded across two
@@ -310,8 +321,7 @@ Command: `{command}`
 
 Machine: {os.cpu_count()} CPU cores ({cpu}), torch {torch.__version__}, Python
 {platform.python_version()}; run {dt.date.today().isoformat()}, load average
-{load_before[0]:.1f} before and {load_after[0]:.1f} after (other engineers' jobs were running
-on the same cores, so the rows are noisy).
+{load_before[0]:.1f} before and {load_after[0]:.1f} after{load_remark}.
 
 Meta-training:
 
@@ -335,14 +345,12 @@ Communication therefore grows as O(K D) per window, computation per rank as
 O(unroll x K/W x cost of one chain step) plus the Stein estimates, O(T_c (K^2 D + K^3)),
 which every rank computes on the gathered positions (replicated, not sharded).
 
-Expected scaling. Two processes can at best double the 1 x 1 rate on two idle cores; on
-this machine other jobs kept both cores busy (load average above), so a second process
-mostly competes for the same CPU time and the rows measure overhead, not scaling. The toy
-rows are dominated by per-op overhead (tiny tensors), to which sharding adds fixed costs
-per window (the gloo collectives, each a round trip between processes that the scheduler
-may not run at the same time); the MLP rows are compute-bound and gain from sharding only
-when a free core exists. On multi-GPU nodes (NCCL, one process per
-GPU) sampling needs no communication and scales with the number of GPUs as long as each
+Expected scaling. Two processes can at best double the 1 x 1 rate on two idle
+cores{busy_remark}. The toy rows are dominated by per-op overhead (tiny tensors), to which
+sharding adds fixed costs per window (the gloo collectives, each a round trip between
+processes that the scheduler may not run at the same time); the MLP rows are compute-bound
+and gain from sharding only when a free core exists. On multi-GPU nodes (NCCL, one process
+per GPU) sampling needs no communication and scales with the number of GPUs as long as each
 GPU still gets enough chains x parameters to be busy (K/W x D large: with the paper's
 K = 20 and a small MLP one GPU is not saturated, so a few GPUs with more chains each are
 better). In meta-training the per-window gather (e.g. K = 50, D = 1e6, T_c = 10: 2 GB of
