@@ -440,7 +440,9 @@ def build_method(
             raise ValueError("nnsghmc needs a sampler file (sampler_path or --sampler)")
         gamma = options.get("gamma")
         gamma = getattr(gamma, "value", gamma)
-        return load_sampler(sampler_path, lr=lr, gamma=gamma)
+        sampler = load_sampler(sampler_path, lr=lr, gamma=gamma)
+        sampler.use_compile = bool(options.get("compile", False))
+        return sampler
     if lr is None:
         raise ValueError(f"method {key!r} needs a learning rate")
     eta = resolve_eta(None, lr, n_data, METHODS[key].order)

@@ -457,3 +457,19 @@ def test_evaluate_cli_missing_data_prints_install_command(tmp_path, capsys):
     assert code == 2, err
     assert "apt-get install" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_nnsghmc_compile_option_reaches_the_loaded_sampler(tmp_path):
+    """``methods.nnsghmc.compile`` is a valid config key and switches the loaded sampler's
+    compiled step on (its numerical equivalence to the eager step is tested in
+    tests/test_nnsghmc.py); the default stays eager."""
+    path = tmp_path / "s.safetensors"
+    NNSGHMC(eta=0.01, q_hidden=(4,), d_hidden=(4,), seed=0).save(str(path))
+    eager = build_method("nnsghmc", {}, 0.01, n_data=100, n_steps=5, sampler_path=path)
+    compiled = build_method(
+        "nnsghmc", {"compile": True}, 0.01, n_data=100, n_steps=5, sampler_path=path
+    )
+    assert eager.use_compile is False and compiled.use_compile is True
+    quick = Path(__file__).resolve().parents[1] / "configs" / "eval" / "quick.yaml"
+    cfg = load_benchmark_config(quick, ["methods.nnsghmc.compile=true"])
+    assert cfg.methods.nnsghmc.compile is True
