@@ -9,6 +9,9 @@ sampler's base step ``eta`` and whether step ``k`` belongs to an exploration sta
 * :class:`CyclicalCosine` — Zhang et al. (ICLR 2020, eq. 1): with ``L = ceil(K_total / M)``
   steps per cycle, ``eta_k = eta / 2 * (cos(pi * ((k - 1) mod L) / L) + 1)``; the step is
   in the exploration stage while ``r(k) = ((k - 1) mod L) / L < beta``.
+* :class:`HoldThenDecay` — constant for ``hold`` steps, then ``(k - hold) ** -gamma`` (seed 000
+  BLR and 25-Gaussian SGLD).
+* :class:`DecayThenHold` — ``k ** -gamma`` up to ``until``, then held (seed 002 §5.1).
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-__all__ = ["ScheduleValue", "Schedule", "Constant", "PolynomialDecay", "CyclicalCosine"]
+__all__ = [
+    "ScheduleValue",
+    "Schedule",
+    "Constant",
+    "PolynomialDecay",
+    "CyclicalCosine",
+    "HoldThenDecay",
+    "DecayThenHold",
+]
 
 
 class ScheduleValue(NamedTuple):
@@ -84,3 +95,36 @@ class CyclicalCosine:
         length = self.cycle_length
         r = ((k - 1) % length) / length
         return ScheduleValue(0.5 * (math.cos(math.pi * r) + 1.0), r < self.explore_fraction)
+
+
+@dataclass(frozen=True)
+class HoldThenDecay:
+    """Constant for the first ``hold`` steps, then ``(k - hold) ** -gamma`` (``k`` 1-based).
+
+    Seed 000 appendix K.1 (BLR): "the stepsize is a for the first 5000 iterations and then
+    switch to the decay schedule (2) with b = 0, gamma = 0.55"; the public 25-Gaussian code
+    (``sgld.m``) does the same with ``hold = 500``. The decay counts from the switch, so the
+    step is continuous there.
+    """
+
+    hold: int
+    gamma: float = 0.55
+
+    def __call__(self, k: int) -> ScheduleValue:
+        scale = 1.0 if k <= self.hold else float(k - self.hold) ** -self.gamma
+        return ScheduleValue(scale, False)
+
+
+@dataclass(frozen=True)
+class DecayThenHold:
+    """``k ** -gamma`` for ``k <= until``, then held at ``until ** -gamma`` (``k`` 1-based).
+
+    Seed 002 §5.1: ``eta_t = eta_0 (t + 1)^-0.55`` for ``t < 200``, else
+    ``eta_0 * 200^-0.55`` (``t`` 0-based, so ``k = t + 1``).
+    """
+
+    until: int
+    gamma: float = 0.55
+
+    def __call__(self, k: int) -> ScheduleValue:
+        return ScheduleValue(float(min(k, self.until)) ** -self.gamma, False)

@@ -15,7 +15,7 @@ Geyer's ESS (:func:`metasampler.diagnostics.ess`, one chain, no split) is report
 
 Step sizes (appendix K.1; ``aN`` is the per-batch learning rate ``lr`` of SPEC §1): cSGLD and
 cSGHMC ``M = 100`` cycles, ``beta = 0.01``; SGLD / SGHMC hold the step for 5000 iterations and
-then decay it as ``(k - 5000)^-0.55`` (:class:`~reproduction.common.HoldThenDecay`; for SGHMC
+then decay it as ``(k - 5000)^-0.55`` (:class:`~metasampler.schedules.HoldThenDecay`; for SGHMC
 the learning rate decays, so ``eta = sqrt(lr / N)`` decays with exponent 0.275); momentum
 ``eta = 0.5`` in their notation is a per-step friction ``eta_sde * C = 0.5``.
 
@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 import metasampler as ms
 from metasampler import diagnostics as dg
 from metasampler.samplers import SGHMC, SGLD, cyclical_sghmc, cyclical_sgld
+from metasampler.schedules import HoldThenDecay
 from metasampler.stepsize import resolve_eta
 from metasampler.targets import Evaluation
 from tasks.uci import LOGISTIC_DATASETS, load_logistic
@@ -48,7 +49,6 @@ from tasks.uci import LOGISTIC_DATASETS, load_logistic
 from .common import (
     LABELS,
     ExperimentOutput,
-    HoldThenDecay,
     NNSGHMCFile,
     check_datasets,
     check_fraction,

@@ -24,14 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 from metasampler.config import ConfigError, load_structured
 from metasampler.evaluation import atomic_write_bytes, atomic_write_text, jsonable
 from metasampler.samplers import cyclical_sgld
-from metasampler.schedules import ScheduleValue
 
 __all__ = [
     "ConfigError",
     "CSGLDSettings",
     "ExperimentOutput",
-    "HoldThenDecay",
-    "DecayThenHold",
     "LABELS",
     "NNSGHMCFile",
     "NNSGHMCSettings",
@@ -144,42 +141,6 @@ def csgld_sampler(settings: DictConfig, total_steps: int) -> Any:
         n_cycles=settings.n_cycles,
         explore_fraction=settings.explore_fraction,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Schedules the papers use that the library does not ship
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class HoldThenDecay:
-    """Constant for the first ``hold`` steps, then ``(k - hold) ** -gamma`` (``k`` 1-based).
-
-    Seed 000 appendix K.1 (BLR): "the stepsize is a for the first 5000 iterations and then
-    switch to the decay schedule (2) with b = 0, gamma = 0.55"; the public 25-Gaussian code
-    (``sgld.m``) does the same with ``hold = 500``. The decay counts from the switch, so the
-    step is continuous there.
-    """
-
-    hold: int
-    gamma: float = 0.55
-
-    def __call__(self, k: int) -> ScheduleValue:
-        scale = 1.0 if k <= self.hold else float(k - self.hold) ** -self.gamma
-        return ScheduleValue(scale, False)
-
-
-@dataclass(frozen=True)
-class DecayThenHold:
-    """``k ** -gamma`` for ``k <= until``, then held at ``until ** -gamma`` (``k`` 1-based).
-
-    Seed 002 §5.1: ``eta_t = eta_0 (t + 1)^-0.55`` for ``t < 200``, else
-    ``eta_0 * 200^-0.55`` (``t`` 0-based, so ``k = t + 1``).
-    """
-
-    until: int
-    gamma: float = 0.55
-
-    def __call__(self, k: int) -> ScheduleValue:
-        return ScheduleValue(float(min(k, self.until)) ** -self.gamma, False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,12 +30,12 @@ from omegaconf import DictConfig
 import metasampler as ms
 from metasampler import diagnostics as dg
 from metasampler.samplers import SGLD
+from metasampler.schedules import DecayThenHold
 from tasks.toy import mixture_4
 
 from .common import (
     LABELS,
     CSGLDSettings,
-    DecayThenHold,
     ExperimentOutput,
     NNSGHMCSettings,
     check_fraction,

@@ -26,9 +26,7 @@ from reproduction.blr import LogisticTarget, ess_reference_moments
 from reproduction.bnn_regression import SplitMLPTarget
 from reproduction.common import (
     ConfigError,
-    DecayThenHold,
     ExperimentOutput,
-    HoldThenDecay,
     load_experiment_config,
     write_outputs,
 )
@@ -143,17 +141,6 @@ def test_split_mlp_target_uses_each_chains_own_split():
         expected = nll + 0.5 * (theta[k] ** 2).sum()
         assert float(ev.energy[k]) == pytest.approx(float(expected), rel=1e-10)
     assert ev.grad.shape == theta.shape and bool(torch.isfinite(ev.grad).all())
-
-
-# -- schedules ---------------------------------------------------------------------------------
-def test_paper_schedules():
-    hold = HoldThenDecay(hold=5, gamma=0.5)
-    assert [hold(k).scale for k in (1, 5)] == [1.0, 1.0]
-    assert hold(6).scale == 1.0 and hold(9).scale == pytest.approx(0.5)  # (9 - 5)^-0.5
-    cap = DecayThenHold(until=200, gamma=0.55)
-    assert cap(1).scale == 1.0 and cap(200).scale == pytest.approx(200**-0.55)
-    assert cap(5000).scale == cap(200).scale
-    assert not hold(7).explore and not cap(7).explore
 
 
 # -- UCI loaders --------------------------------------------------------------------------------

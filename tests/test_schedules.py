@@ -17,7 +17,13 @@ from metasampler.driver import sample
 from metasampler.samplers.cyclical import cyclical_sghmc, cyclical_sgld
 from metasampler.samplers.sghmc import SGHMC
 from metasampler.samplers.sgld import SGLD
-from metasampler.schedules import Constant, CyclicalCosine, PolynomialDecay
+from metasampler.schedules import (
+    Constant,
+    CyclicalCosine,
+    DecayThenHold,
+    HoldThenDecay,
+    PolynomialDecay,
+)
 from metasampler.targets import EnergyTarget
 
 
@@ -202,3 +208,15 @@ def test_factories_build_cyclical_samplers():
 def test_bad_schedule_parameters_raise(build, param: str):
     with pytest.raises(ValueError, match=param):
         build()
+
+
+def test_hold_then_decay_and_decay_then_hold():
+    """The papers' SGLD schedules: seed 000 holds then decays from the switch (continuous
+    there), seed 002 decays then holds at ``until ** -gamma``."""
+    hold = HoldThenDecay(hold=5, gamma=0.5)
+    assert [hold(k).scale for k in (1, 5)] == [1.0, 1.0]
+    assert hold(6).scale == 1.0 and hold(9).scale == pytest.approx(0.5)  # (9 - 5)^-0.5
+    cap = DecayThenHold(until=200, gamma=0.55)
+    assert cap(1).scale == 1.0 and cap(200).scale == pytest.approx(200**-0.55)
+    assert cap(5000).scale == cap(200).scale
+    assert not hold(7).explore and not cap(7).explore
