@@ -46,6 +46,7 @@ __all__ = [
     "cross_chain_loss",
     "neg_elbo_estimate",
     "surrogate_loss",
+    "surrogate_share",
 ]
 
 
@@ -82,8 +83,18 @@ def surrogate_loss(
         raise ValueError(
             f"score must have the shape of theta {tuple(theta.shape)}, got {tuple(score.shape)}"
         )
+    return surrogate_share(theta, grad_energy, score, theta.shape[0], temperature)
+
+
+def surrogate_share(
+    theta: Tensor, grad_energy: Tensor, score: Tensor, n_total: int, temperature: float = 1.0
+) -> Tensor:
+    """``(1 / n_total) sum_k stopgrad(grad_energy_k / T + score_k) . theta_k`` over the rows
+    given: :func:`surrogate_loss` when the rows are all ``n_total`` samples, one rank's share of
+    it when the samples are sharded across processes (the shares sum to the whole)."""
+    _check_temperature(temperature)
     direction = (grad_energy / temperature + score).detach()
-    return (direction * theta).sum(dim=-1).mean()
+    return (direction * theta).sum() / n_total
 
 
 def cross_chain_loss(

@@ -24,28 +24,14 @@ import torch
 from torch import Tensor
 
 from ..distributed import ChainShard, all_gather_rows
-from .losses import InChainCollector, _check_temperature
+from .losses import InChainCollector, surrogate_share
 from .stein import stein_score
 
 __all__ = [
     "ShardedInChainCollector",
     "gather_slices",
     "sharded_cross_chain_loss",
-    "surrogate_share",
 ]
-
-
-def surrogate_share(
-    theta: Tensor, grad_energy: Tensor, score: Tensor, n_total: int, temperature: float = 1.0
-) -> Tensor:
-    """``(1 / n_total) sum_k stopgrad(grad_energy_k / T + score_k) . theta_k`` over local rows.
-
-    Summed over ranks this is :func:`~metasampler.meta.losses.surrogate_loss` of all
-    ``n_total`` samples.
-    """
-    _check_temperature(temperature)
-    direction = (grad_energy / temperature + score).detach()
-    return (direction * theta).sum() / n_total
 
 
 def gather_slices(positions: Sequence[Tensor], shard: ChainShard) -> Tensor:
