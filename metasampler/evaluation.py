@@ -82,12 +82,14 @@ __all__ = [
     "calibration_bins",
     "ensemble_log_probs",
     "ensemble_metrics",
+    "format_mean_se",
     "error_rate",
     "expected_calibration_error",
     "frame_metrics",
     "frame_targets",
     "is_sequence_model",
     "jsonable",
+    "mean_se",
     "metrics_from_log_probs",
     "negative_log_likelihood",
     "predict_frame_log_probs",
@@ -861,7 +863,9 @@ _FINAL_METRICS = (
 )
 
 
-def _mean_se(values: Iterable[float]) -> dict[str, float | int]:
+def mean_se(values: Iterable[float]) -> dict[str, float | int]:
+    """``{"mean", "se", "n"}`` of the finite values (``se = std(ddof=1) / sqrt(n)``; ``nan``
+    for fewer than two values, ``mean`` too for none)."""
     vals = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     n = int(vals.size)
     if n == 0:
@@ -1081,7 +1085,7 @@ def run_benchmark(
                 )
             entry["runs"] = per_seed
             entry["summary"] = {
-                m: _mean_se(r["final"].get(m, math.nan) for r in per_seed) for m in _FINAL_METRICS
+                m: mean_se(r["final"].get(m, math.nan) for r in per_seed) for m in _FINAL_METRICS
             }
             entry["n_diverged"] = sum(r["diverged_at"] is not None for r in per_seed)
     finally:
@@ -1161,7 +1165,9 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def _fmt(stat: Mapping[str, float], scale: float = 1.0, digits: int = 3) -> str:
+def format_mean_se(stat: Mapping[str, float], scale: float = 1.0, digits: int = 3) -> str:
+    """``"mean ± se"`` of a :func:`mean_se` dict times ``scale`` (``–`` without a mean, no
+    ``± ...`` without a standard error)."""
     mean, se = stat.get("mean", math.nan), stat.get("se", math.nan)
     if mean is None or not math.isfinite(mean):
         return "–"
@@ -1197,13 +1203,17 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
         s = entry["summary"]
         lr = "stored" if entry["lr"] is None else f"{entry['lr']:g}"
         n_runs = len(entry["runs"])
-        lines.append(
-            f"| {label} | {lr} | {_fmt(s['average_error'], 100, 2)} | "
-            f"{_fmt(s['average_nll'], 1, 4)} | {_fmt(s['ensemble_error'], 100, 2)} | "
-            f"{_fmt(s['ensemble_nll'], 1, 4)} | {_fmt(s['average_ece'], 1, 4)} | "
-            f"{_fmt(s['ood_entropy'], 1, 3)} | {_fmt(s['seconds_per_step'], 1000, 1)} | "
-            f"{entry['n_diverged']}/{n_runs} |"
+        columns = (
+            ("average_error", 100, 2),
+            ("average_nll", 1, 4),
+            ("ensemble_error", 100, 2),
+            ("ensemble_nll", 1, 4),
+            ("average_ece", 1, 4),
+            ("ood_entropy", 1, 3),
+            ("seconds_per_step", 1000, 1),
         )
+        cells = " | ".join(format_mean_se(s[m], scale, digits) for m, scale, digits in columns)
+        lines.append(f"| {label} | {lr} | {cells} | {entry['n_diverged']}/{n_runs} |")
     lines += [
         "",
         "avg: running posterior average (all chains, all kept samples); ens: ensemble of the "

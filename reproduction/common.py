@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,13 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from metasampler.config import ConfigError, load_structured
-from metasampler.evaluation import atomic_write_bytes, atomic_write_text, jsonable
+from metasampler.evaluation import (
+    atomic_write_bytes,
+    atomic_write_text,
+    format_mean_se,
+    jsonable,
+    mean_se,
+)
 from metasampler.samplers import cyclical_sgld
 
 __all__ = [
@@ -146,20 +152,9 @@ def csgld_sampler(settings: DictConfig, total_steps: int) -> Any:
 # --------------------------------------------------------------------------------------------
 # Numbers and outputs
 # --------------------------------------------------------------------------------------------
-def mean_se(values: Iterable[float]) -> dict[str, float]:
-    """Mean and standard error (``std(ddof=1) / sqrt(n)``; 0 for one value) of finite values."""
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
-    if v.size == 0:
-        return {"mean": float("nan"), "se": float("nan"), "n": 0}
-    se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else 0.0
-    return {"mean": float(v.mean()), "se": se, "n": int(v.size)}
-
-
 def fmt_mean_se(stat: Mapping[str, float], digits: int = 2) -> str:
-    """``"mean ± se"`` with ``digits`` decimals."""
-    if not math.isfinite(stat["mean"]):
-        return "n/a"
-    return f"{stat['mean']:.{digits}f} ± {stat['se']:.{digits}f}"
+    """``"mean ± se"`` with ``digits`` decimals (:func:`metasampler.evaluation.format_mean_se`)."""
+    return format_mean_se(stat, digits=digits)
 
 
 def figure_png(fig: Any, dpi: int = 80) -> bytes:

@@ -19,20 +19,18 @@ import math
 import sys
 from pathlib import Path
 
+from metasampler.evaluation import format_mean_se, mean_se
+
 PERCENT = {"average_error", "ensemble_error"}
 
 
 def _cell(stat: dict | None, metric: str) -> tuple[str, float]:
+    """The formatted cell and its scaled mean (``inf`` when missing, for ranking)."""
     if not stat or stat.get("mean") is None or not math.isfinite(stat["mean"]):
         return "–", math.inf
     scale = 100.0 if metric in PERCENT else (1000.0 if metric == "seconds_per_step" else 1.0)
-    mean = stat["mean"] * scale
-    se = stat.get("se")
     digits = 2 if scale != 1.0 else 3
-    text = f"{mean:.{digits}f}"
-    if se is not None and math.isfinite(se):
-        text += f" ± {se * scale:.{digits}f}"
-    return text, mean
+    return format_mean_se(stat, scale, digits), stat["mean"] * scale
 
 
 def _curve_stat(entry: dict, metric: str, step: int) -> dict | None:
@@ -42,14 +40,7 @@ def _curve_stat(entry: dict, metric: str, step: int) -> dict | None:
         rows = [r for r in run.get("curves", []) if r["step"] == step]
         if rows and rows[0].get(metric) is not None:
             values.append(float(rows[0][metric]))
-    if not values:
-        return None
-    mean = sum(values) / len(values)
-    se = None
-    if len(values) > 1:
-        var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-        se = math.sqrt(var / len(values))
-    return {"mean": mean, "se": se}
+    return mean_se(values) if values else None
 
 
 def summarize(directories: list[Path], metric: str, step: int | None = None) -> str:
