@@ -30,6 +30,7 @@ SDE step ``eta`` by :mod:`metasampler.stepsize` (``lr / N`` for SGLD, pSGLD, SGD
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -951,6 +952,16 @@ def run_benchmark(
 
         return SummaryWriter(log_dir=str(writer_root.joinpath(*parts)))
 
+    # What every tuning and evaluation run shares: the target, its initialisation, the scoring
+    # settings and the progress bar.
+    run_on_target = functools.partial(
+        run_method,
+        target=target,
+        init=problem.init,
+        eval_batch_size=budget.eval_batch_size,
+        ece_bins=cfg.ece_bins,
+        on_step=tick,
+    )
     method_summaries: dict[str, Any] = {}
     runs: dict[str, dict[int, MethodRun]] = {}
     try:
@@ -975,10 +986,8 @@ def run_benchmark(
                 bar.set_description(f"tune {spec.label}")
 
                 def objective(lr: float, make=make, rows=tuning_rows) -> float:
-                    result = run_method(
+                    result = run_on_target(
                         make(lr, tune.n_steps),
-                        target,
-                        problem.init,
                         main=val,
                         n_chains=tune_chains,
                         n_steps=tune.n_steps,
@@ -986,9 +995,6 @@ def run_benchmark(
                         thin=tune.thin,
                         eval_every=tune.n_steps,
                         seed=tune.seed,
-                        eval_batch_size=budget.eval_batch_size,
-                        ece_bins=cfg.ece_bins,
-                        on_step=tick,
                     )
                     rows.append(
                         {
@@ -1050,10 +1056,8 @@ def run_benchmark(
                             prefix, metric = name.split("_", 1)
                             sw.add_scalar(f"{prefix}/test_{metric}", value, step, walltime=wall)
 
-                result = run_method(
+                result = run_on_target(
                     make(chosen, budget.n_steps),
-                    target,
-                    problem.init,
                     main=test,
                     extra=extra,
                     n_chains=budget.n_chains,
@@ -1062,9 +1066,6 @@ def run_benchmark(
                     thin=budget.thin,
                     eval_every=budget.eval_every,
                     seed=int(seed),
-                    eval_batch_size=budget.eval_batch_size,
-                    ece_bins=cfg.ece_bins,
-                    on_step=tick,
                     on_eval=on_eval,
                 )
                 if sw is not None:
