@@ -87,7 +87,10 @@ class NNSGHMC(nn.Module, Sampler):
         activation: hidden activation of both nets.
         d_output: ``"softplus"`` or ``"abs"``: keeps ``f_phiD >= 0``.
         beta_off: offset added to ``f_phiQ`` (``Q_f = beta_off + clamp(f_phiQ)``). Paper toy: 0.
-        alpha: weight of ``Q_f^2`` in ``D_f`` (paper MNIST: ``0.01 / eta``). Default 0.
+        alpha: weight of ``Q_f^2`` in ``D_f`` (paper MNIST: ``0.01 / eta``). Default 0. It is a
+            number, stored in the exported file: a sampler loaded with another step keeps the
+            training ``alpha``. The paper instead re-derives ``alpha = 0.01 / eta`` for each test
+            step (004 F.2). To follow it, set ``sampler.alpha = 0.01 / eta`` after loading.
         c: constant added to ``D_f``. Default 0.
         q_clamp: ``f_phiQ`` is clamped to ``[-q_clamp, q_clamp]`` (paper: 5).
         d_output_scale: ``s_D`` multiplying ``f_phiD`` (paper MNIST: 50).
