@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return _fail(f"config: {err}")
 
-    import torch
-
+    from metasampler import distributed
     from metasampler.evaluation import (
         publish,
         run_benchmark,
@@ -91,14 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     from metasampler.export import SamplerFileError, load_sampler
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    from metasampler import distributed
-
-    # Under torchrun: join the process group (one GPU per process for CUDA); else a no-op.
-    device = distributed.init_from_env(
-        cfg.distributed.backend.value, cfg.device, cfg.distributed.timeout_s
-    )
+    # Threads; under torchrun also join the process group (one GPU per process for CUDA).
+    device = distributed.init_from_config(cfg)
     main_process = distributed.is_main_process()  # rank 0 prints and writes the results
 
     # 1. The sampler file, validated before any work.

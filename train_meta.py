@@ -52,12 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     from tasks.registry import ProblemFamily, build_problem
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    # Under torchrun: join the process group (one GPU per process for CUDA); else a no-op.
-    device = distributed.init_from_env(
-        cfg.distributed.backend.value, cfg.device, cfg.distributed.timeout_s
-    )
+    # Threads; under torchrun also join the process group (one GPU per process for CUDA).
+    device = distributed.init_from_config(cfg)
     main_process = distributed.is_main_process()  # rank 0 writes logs, checkpoints, sampler
     run_dir = Path(args.run_dir or Path(cfg.out_dir) / cfg.name)
     checkpoint = run_dir / "checkpoint.pt"

@@ -55,6 +55,7 @@ __all__ = [
     "comm_device",
     "failure_guard",
     "gather_objects",
+    "init_from_config",
     "init_from_env",
     "is_main_process",
     "launched_by_torchrun",
@@ -157,6 +158,16 @@ def init_from_env(
         )
         atexit.register(shutdown)
     return device
+
+
+def init_from_config(cfg: Any) -> torch.device:
+    """What ``train_meta.py`` and ``evaluate.py`` do first: ``cfg.threads`` torch threads (0
+    keeps the default), then :func:`init_from_env` with ``cfg.distributed`` and
+    ``cfg.device``; returns this rank's device."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    backend = getattr(cfg.distributed.backend, "value", cfg.distributed.backend)
+    return init_from_env(backend, cfg.device, cfg.distributed.timeout_s)
 
 
 def shutdown() -> None:
