@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir or Path(cfg.out_dir) / cfg.name)
     checkpoint = run_dir / "checkpoint.pt"
     error = None
-    if checkpoint.exists() and not args.resume:
+    if run_dir.exists() and not run_dir.is_dir():
+        error = f"run directory {run_dir} exists but is not a directory"
+    elif checkpoint.exists() and not args.resume:
         error = (
             f"{run_dir} already holds a checkpoint; pass --resume to continue it or "
             "choose another name=... / --run-dir"
@@ -72,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        if not args.resume:  # a resumed run's config.yaml changes only once resume succeeds
+            (run_dir / "config.yaml").write_text(to_yaml(cfg))
 
     sampler = build_sampler(cfg.sampler, seed=cfg.seed).to(device)
     problems = ProblemFamily(cfg.task, device=device)
@@ -128,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         logger=logger,
         evaluate=evaluate,
         progress=cfg.progress,
+        # Resume compares this with the checkpoint's copy and refuses a different run.
+        extra_checkpoint={"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)},
     )
     if args.resume:
         try:
@@ -138,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             logger.close()
             return 2
         if main_process:
+            (run_dir / "config.yaml").write_text(to_yaml(cfg))
             print(f"resuming {run_dir} after epoch {done}")
     start = time.time()
     try:

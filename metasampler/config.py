@@ -242,6 +242,9 @@ _POSITIVE = [
 ]
 
 
+_COVARIANCES = ("identity", "diagonal", "correlated")
+
+
 def _validate(cfg: DictConfig) -> None:
     """Range checks the type system cannot express."""
 
@@ -285,6 +288,18 @@ def _validate(cfg: DictConfig) -> None:
         widths = get(key)
         if not widths or any(w < 1 for w in widths):
             raise ConfigError(f"{key} must be a non-empty list of positive ints, got {widths!r}")
+    for key in ("task.cov", "eval.task.cov"):
+        if get(key) not in _COVARIANCES:
+            raise ConfigError(f"{key} must be one of {', '.join(_COVARIANCES)}, got {get(key)!r}")
+    if cfg.train.eval_every > 0:
+        # Checked here, not at the first evaluation (which would stop a training run).
+        outside = [t for t in cfg.eval.kl_at if not 1 <= t <= cfg.eval.n_steps]
+        if outside:
+            raise ConfigError(
+                f"eval.kl_at entries must be steps in [1, eval.n_steps={cfg.eval.n_steps}], "
+                f"got {list(cfg.eval.kl_at)} (outside: {outside})"
+            )
+    _check_run_placement(cfg)
 
 
 def load_structured(
@@ -321,10 +336,15 @@ def load_structured(
             except OmegaConfBaseException:
                 raise
             except Exception as err:  # YAML syntax errors and the like
-                first = str(err).splitlines()[0] if str(err) else type(err).__name__
-                raise ConfigError(f"cannot parse config file {path}: {first}") from None
+                problem = _yaml_problem(err)
+                raise ConfigError(f"cannot parse config file {path}: {problem}") from None
             if not isinstance(loaded, DictConfig):
                 raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+            if len(loaded) == 0:
+                # An empty file would silently run every default (e.g. a 100-epoch training).
+                raise ConfigError(
+                    f"config file {path} is empty (or only comments); give at least one key"
+                )
             layers.append(loaded)
         if overrides:
             bad = [o for o in overrides if "=" not in o]
@@ -338,6 +358,77 @@ def load_structured(
         validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _yaml_problem(err: Exception) -> str:
+    """A YAML parse error as ``line L, column C: problem`` (1-based, as editors count)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
+    if mark is None:
+        return str(problem)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
+def _check_name(name: str) -> None:
+    """A run name is one plain path component, so ``out_dir / name`` stays inside ``out_dir``."""
+    if (
+        not name
+        or name != name.strip()
+        or name in (".", "..")
+        or any(sep in name for sep in ("/", "\\", "\0"))
+        or name.startswith(".")
+    ):
+        raise ConfigError(
+            "name must be a non-empty file name without '/', '\\', surrounding spaces or a "
+            f"leading '.', so that results stay inside out_dir; got {name!r}"
+        )
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """``out_dir`` and every existing ancestor must be directories (checked before any write)."""
+    if not out_dir:
+        raise ConfigError("out_dir must not be empty")
+    path = Path(out_dir)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise ConfigError(f"out_dir {out_dir!r}: {str(candidate)!r} is not a directory")
+            return
+
+
+def check_device(device: str) -> None:
+    """Raise :class:`ConfigError` unless ``device`` names a torch device this build can use."""
+    import torch  # local: the schema itself needs no torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise ConfigError(
+            f"device {device!r} is not a torch device ('cpu', 'cuda', 'cuda:1', ...): {err}"
+        ) from None
+    if parsed.type == "cpu":
+        return
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {device!r}: this torch build or machine has no CUDA device "
+                f"(torch {torch.__version__}); use device=cpu"
+            )
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible"
+            )
+        return
+    if parsed.type == "mps" and torch.backends.mps.is_available():
+        return
+    raise ConfigError(f"device {device!r} is not available here; use device=cpu")
+
+
+def _check_run_placement(cfg: DictConfig) -> None:
+    """The checks both CLIs share: name, out_dir and device, before anything is written."""
+    _check_name(cfg.name)
+    _check_out_dir(cfg.out_dir)
+    check_device(cfg.device)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:
@@ -552,8 +643,7 @@ def _validate_benchmark(cfg: DictConfig) -> None:
     for key in _BENCH_NON_NEGATIVE_INT:
         if get(key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {get(key)!r}")
-    if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
-        raise ConfigError(f"name must be a non-empty file name without '/', got {cfg.name!r}")
+    _check_run_placement(cfg)
     if not cfg.seeds:
         raise ConfigError("seeds must be a non-empty list of ints")
     timeout = cfg.distributed.timeout_s

@@ -95,6 +95,84 @@ def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v.cpu() if isinstance(v, Tensor) else v for k, v in state.items()}
 
 
+#: Config keys a resumed run may change: where and how it runs, how it reports, and
+#: ``train.epochs`` (to extend a finished run). Everything else shapes the run itself.
+RESUMABLE_KEYS = (
+    "name",
+    "out_dir",
+    "device",
+    "threads",
+    "progress",
+    "distributed.",
+    "eval.",
+    "train.epochs",
+    "train.checkpoint_every",
+    "train.eval_every",
+)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}{key}." if isinstance(value, dict) else prefix + key))
+    return flat
+
+
+def check_checkpoint_matches(
+    state: dict[str, Any],
+    sampler_state: dict[str, Tensor],
+    epochs: int,
+    current: dict[str, Any],
+) -> None:
+    """Refuse to resume from a checkpoint of another run, naming what differs.
+
+    Args:
+        state: the loaded checkpoint.
+        sampler_state: this run's ``sampler.state_dict()`` (names and shapes to match).
+        epochs: this run's ``train.epochs``; the checkpoint must not be past it.
+        current: this run's ``extra_checkpoint``; when it and the checkpoint both hold a
+            ``"config"`` (a plain dict), every key outside :data:`RESUMABLE_KEYS` must agree.
+
+    Raises:
+        ValueError: the message lists the differing config keys (saved -> now), the sampler
+            tensors that differ, or the epoch overrun.
+    """
+    saved_cfg, now_cfg = state.get("config"), current.get("config")
+    if isinstance(saved_cfg, dict) and isinstance(now_cfg, dict):
+        old, new = _flatten(saved_cfg), _flatten(now_cfg)
+        differing = [
+            f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}"
+            for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key)
+            and not any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_KEYS)
+        ]
+        if differing:
+            raise ValueError(
+                "the checkpoint was written by a run with another config; differing keys "
+                "(checkpoint -> now): " + "; ".join(differing)
+            )
+    saved_sampler = state.get("sampler", {})
+    names = sorted(set(saved_sampler) ^ set(sampler_state))
+    names += [
+        f"{n} {tuple(saved_sampler[n].shape)} -> {tuple(sampler_state[n].shape)}"
+        for n in sorted(set(saved_sampler) & set(sampler_state))
+        if tuple(saved_sampler[n].shape) != tuple(sampler_state[n].shape)
+    ]
+    if names:
+        raise ValueError(
+            "the checkpoint holds a sampler of another architecture; differing tensors "
+            "(checkpoint -> now): " + "; ".join(names)
+        )
+    done = int(state.get("epoch", 0))
+    if done > epochs:
+        raise ValueError(
+            f"the checkpoint is after epoch {done} but train.epochs is {epochs}; "
+            f"set train.epochs >= {done} to resume it"
+        )
+
+
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     """``torch.save`` to a temporary file, then an atomic rename: never a half-written file."""
     tmp = path.with_name(path.name + ".tmp")
@@ -201,6 +279,9 @@ class MetaTrainer:
                 f"{self.world}: resume with the same number (torchrun --nproc_per_node="
                 f"{saved_world} ..., or no torchrun for 1)"
             )
+        check_checkpoint_matches(
+            state, self.sampler.state_dict(), self.settings.epochs, self.extra_checkpoint
+        )
         self.sampler.load_state_dict(state["sampler"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.world == 1:
