@@ -263,7 +263,59 @@ def test_cli_run_writes_logs_checkpoint_and_a_loadable_sampler(tmp_path):
     assert int(loaded.train_dim) == 10 and loaded.eta == 0.01
     # An existing run is never overwritten silently; --resume continues it.
     assert cli().returncode == 2
+    # Resuming with another run's config is refused, naming the key; config.yaml is kept.
+    config_before = (run_dir / "config.yaml").read_text()
+    other = cli("--resume", "train.epochs=3", "sampler.q_hidden=[6]")
+    assert other.returncode == 2 and "sampler.q_hidden" in other.stderr, other.stderr
+    assert (run_dir / "config.yaml").read_text() == config_before
     resumed = cli("--resume", "train.epochs=3")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stdout and "after epoch 2" in resumed.stdout
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"] == 3
+
+
+def _config_dict(*overrides: str) -> dict:
+    from omegaconf import OmegaConf
+
+    cfg = load_config(None, list(overrides))
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+def test_resume_refuses_a_checkpoint_of_another_config_naming_the_keys(tmp_path):
+    run_dir = tmp_path / "run"
+    saved_cfg = _config_dict("train.n_chains=10", "train.unroll=10")
+    first = MetaTrainer(
+        NNSGHMC(eta=0.02, q_hidden=(8,), d_hidden=(8,), seed=0),
+        toy_family(),
+        small_settings(epochs=2),
+        run_dir=run_dir,
+        seed=0,
+        progress=False,
+        extra_checkpoint={"config": saved_cfg},
+    )
+    first.train()
+
+    def resume(sampler=None, settings=None, config=None):
+        trainer = MetaTrainer(
+            sampler or NNSGHMC(eta=0.02, q_hidden=(8,), d_hidden=(8,), seed=1),
+            toy_family(),
+            settings or small_settings(),
+            run_dir=run_dir,
+            seed=0,
+            progress=False,
+            extra_checkpoint={"config": config or saved_cfg},
+        )
+        return trainer.resume()
+
+    other = _config_dict("train.n_chains=20", "train.unroll=10", "sampler.d_hidden=[9]")
+    with pytest.raises(ValueError, match=r"sampler\.d_hidden.*train\.n_chains: 10 -> 20"):
+        resume(config=other)
+    # Keys that only say where or how long the run goes may change (e.g. more epochs).
+    extended = _config_dict("train.n_chains=10", "train.unroll=10", "train.epochs=8", "seed=0")
+    assert resume(config={**extended, "device": "cpu", "progress": False}) == 2
+    # Another architecture is named even without a config in the checkpoint.
+    with pytest.raises(ValueError, match=r"another architecture.*f_d"):
+        resume(sampler=NNSGHMC(eta=0.02, q_hidden=(8,), d_hidden=(6,), seed=1), config={})
+    # A checkpoint past train.epochs would train the wrong number of epochs.
+    with pytest.raises(ValueError, match="after epoch 2 but train.epochs is 1"):
+        resume(settings=small_settings(epochs=1))
