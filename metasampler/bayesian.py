@@ -299,6 +299,7 @@ class BayesianModel:
 
         self.x, self.y = self._prepare_data(data, likelihood)
         self.n_data = int(self.x.shape[0])
+        self._check_data_fits_module()
         if batch_size is None:
             batch_size = self.n_data
         if int(batch_size) != batch_size or not 1 <= batch_size <= self.n_data:
@@ -335,6 +336,35 @@ class BayesianModel:
         else:
             y = y.to(self.device)
         return x.detach(), y.detach()
+
+    def _check_data_fits_module(self) -> None:
+        """Non-finite data, a feature count the module cannot take and (categorical) labels
+        outside its outputs fail here, not as a shape or index error at the first step."""
+        for name, value in (("x", self.x), ("y", self.y)):
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                bad = int((~torch.isfinite(value)).sum())
+                raise ValueError(f"data {name} has {bad} non-finite value(s) of {value.numel()}")
+        try:
+            with torch.no_grad():
+                outputs = self.module(self.x[:1])
+        except Exception as err:  # any failure of the module on the data's input shape
+            raise ValueError(
+                f"the module cannot take the data's inputs x of shape (N, "
+                f"{', '.join(str(d) for d in self.x.shape[1:])}): {type(err).__name__}: {err}"
+            ) from None
+        if self.likelihood == "categorical":
+            if not isinstance(outputs, Tensor) or outputs.ndim < 2:
+                raise ValueError(
+                    "categorical likelihood needs (B, n_classes) logits from the module, got "
+                    f"{type(outputs).__name__} {tuple(getattr(outputs, 'shape', ()))}"
+                )
+            n_classes = outputs.shape[-1]
+            low, high = int(self.y.min()), int(self.y.max())
+            if low < 0 or high >= n_classes:
+                raise ValueError(
+                    f"labels y must be in [0, {n_classes - 1}] (the module has {n_classes} "
+                    f"outputs), got labels in [{low}, {high}]"
+                )
 
     def _check_theta(self, theta: Tensor, name: str = "theta") -> None:
         check_positions(theta, self.dim, name)

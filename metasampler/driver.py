@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from numbers import Integral
 
 import torch
 from torch import Tensor
@@ -44,6 +45,56 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return generator
 
 
+_SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _check_arguments(
+    sampler: object,
+    target: object,
+    n_chains: object,
+    n_steps: object,
+    burn_in: object,
+    thin: object,
+    seed: object,
+    dtype: object,
+    callback: object,
+) -> None:
+    """:func:`sample`'s argument checks: a :class:`ValueError` naming the argument."""
+    if not isinstance(sampler, Sampler):
+        raise ValueError(
+            f"sampler must be a metasampler sampler (SGLD, SGHMC, NNSGHMC, ...), got "
+            f"{type(sampler).__name__}"
+        )
+    if not isinstance(target, Target):
+        raise ValueError(
+            "target must have dim, n_data and evaluate (an EnergyTarget, BayesianModel, ...), "
+            f"got {type(target).__name__}"
+        )
+    for name, value in (("target.dim", target.dim), ("target.n_data", target.n_data)):
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name, value, low in (
+        ("n_chains", n_chains, 1),
+        ("n_steps", n_steps, 1),
+        ("thin", thin, 1),
+        ("burn_in", burn_in, 0),
+    ):
+        if not _is_int(value) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if burn_in >= n_steps:
+        raise ValueError(f"burn_in ({burn_in}) must be < n_steps ({n_steps}), else no sample")
+    if seed is not None and not (_is_int(seed) and _SEED_RANGE[0] <= seed <= _SEED_RANGE[1]):
+        raise ValueError(f"seed must be None or an integer in [-2**63, 2**64 - 1], got {seed!r}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
+    if callback is not None and not callable(callback):
+        raise ValueError(f"callback must be callable or None, got {type(callback).__name__}")
+
+
 def sample(
     sampler: Sampler,
     target: Target,
@@ -82,17 +133,13 @@ def sample(
         A :class:`SampleResult`. Samples of schedules' exploration stages are never kept.
 
     Raises:
-        ValueError: bad arguments or shapes.
+        ValueError: bad arguments (the message names it): wrong types (``bool`` is not a
+            number here), counts out of range, ``burn_in >= n_steps`` or a ``thin`` that keeps
+            no sample, a seed torch cannot take, an object that is not a sampler or target;
+            or bad shapes.
         NonFiniteError: a chain diverged; the message names the chain and the step.
     """
-    for name, value, low in (
-        ("n_chains", n_chains, 1),
-        ("n_steps", n_steps, 1),
-        ("thin", thin, 1),
-        ("burn_in", burn_in, 0),
-    ):
-        if int(value) != value or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    _check_arguments(sampler, target, n_chains, n_steps, burn_in, thin, seed, dtype, callback)
     if isinstance(init, SamplerState):
         device = init.theta.device
     elif isinstance(init, Tensor):
@@ -124,6 +171,12 @@ def sample(
         for k in range(start + 1, start + n_steps + 1)
         if k - start > burn_in and (k - start - burn_in) % thin == 0 and sampler.collects(k)
     ]
+    if store and not kept_steps:
+        raise ValueError(
+            f"no sample would be kept: n_steps={n_steps} with burn_in={burn_in} and thin={thin}"
+            + (" (and the schedule's exploration stages)" if n_steps > burn_in else "")
+            + "; run more steps or lower burn_in / thin"
+        )
     n_kept = len(kept_steps) if store else 0
     K, D = state.theta.shape
     thetas = torch.empty((n_kept, K, D), dtype=state.theta.dtype, device=device)

@@ -92,6 +92,13 @@ class CyclicalCosine:
         return math.ceil(self.total_steps / self.n_cycles)
 
     def __call__(self, k: int) -> ScheduleValue:
+        # Past K_total eq. 1 would start another cycle (a fresh exploration stage in what the
+        # caller planned as the end of its run): an error, not a silent restart or clamp.
+        if not 1 <= k <= self.total_steps:
+            raise ValueError(
+                f"step {k} is outside this cyclical schedule's run of total_steps="
+                f"{self.total_steps} steps; build the sampler with total_steps >= the steps run"
+            )
         length = self.cycle_length
         r = ((k - 1) % length) / length
         return ScheduleValue(0.5 * (math.cos(math.pi * r) + 1.0), r < self.explore_fraction)

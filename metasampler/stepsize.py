@@ -9,6 +9,7 @@ moves by ``eta**2 * grad Ũ`` per step from rest).
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import Literal
 
 __all__ = ["eta_from_lr", "resolve_eta", "check_step_args"]
@@ -42,5 +43,7 @@ def check_step_args(eta: float | None, lr: float | None) -> None:
     if (eta is None) == (lr is None):
         raise ValueError("give exactly one of eta (SDE step) or lr (per-batch learning rate)")
     for name, value in (("eta", eta), ("lr", lr)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Real)):
+            raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}")
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

@@ -25,7 +25,34 @@ __all__ = ["Evaluation", "Target", "EnergyTarget", "NonFiniteError", "check_posi
 
 
 class NonFiniteError(RuntimeError):
-    """A chain produced a NaN or infinite energy, gradient or position."""
+    """A chain produced a NaN or infinite energy, gradient or position, or a step's scalars
+    (step size, temperature) overflow the chains' dtype.
+
+    Attributes:
+        step: the 1-based step at which it happened (0: the start positions), or ``None``.
+        chain: the first affected chain, or ``None`` when every chain is (a bad step size).
+        quantity: what is not finite (``"position"``, ``"energy"``, ``"step size"``, ...).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        step: int | None = None,
+        chain: int | None = None,
+        quantity: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.step = step
+        self.chain = chain
+        self.quantity = quantity
+
+    def __reduce__(self):  # keep the fields through pickling (torchrun sends errors around)
+        return (_rebuild_non_finite, (str(self), self.step, self.chain, self.quantity))
+
+
+def _rebuild_non_finite(message, step, chain, quantity) -> NonFiniteError:
+    return NonFiniteError(message, step=step, chain=chain, quantity=quantity)
 
 
 @dataclass

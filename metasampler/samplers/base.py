@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from numbers import Real
 from typing import ClassVar
 
 import torch
@@ -23,7 +24,7 @@ from ..schedules import Constant, Schedule
 from ..stepsize import Order, check_step_args, resolve_eta
 from ..targets import Evaluation, NonFiniteError, Target, check_positions
 
-__all__ = ["SamplerState", "Sampler", "check_finite"]
+__all__ = ["SamplerState", "Sampler", "check_finite", "check_step_scalars"]
 
 
 @dataclass
@@ -66,10 +67,19 @@ class SamplerState:
         )
 
 
-def check_finite(step: int, **tensors: Tensor) -> None:
+#: Hints of :func:`check_finite` by cause; the default fits a chain that diverged.
+STEP_TOO_LARGE = "the step size is probably too large for this target"
+BAD_START = (
+    "the target is not finite at the start positions: check the data, the model and init "
+    "(the step size has not acted yet)"
+)
+
+
+def check_finite(step: int, hint: str = STEP_TOO_LARGE, **tensors: Tensor) -> None:
     """Raise :class:`NonFiniteError` naming the first chain and quantity that is not finite.
 
-    Every tensor's first dimension indexes chains.
+    Every tensor's first dimension indexes chains. ``hint`` is the likely cause, appended to
+    the message (default: :data:`STEP_TOO_LARGE`).
     """
     for name, value in tensors.items():
         flags = torch.isfinite(value.detach())
@@ -79,8 +89,26 @@ def check_finite(step: int, **tensors: Tensor) -> None:
             chain = int((~flags).nonzero()[0, 0])
             raise NonFiniteError(
                 f"non-finite {name} in chain {chain} at step {step} "
-                f"({int((~flags).sum())} of {flags.numel()} chains affected); "
-                "the step size is probably too large for this target"
+                f"({int((~flags).sum())} of {flags.numel()} chains affected); {hint}",
+                step=step,
+                chain=chain,
+                quantity=name,
+            )
+
+
+def check_step_scalars(step: int, eta: float, temperature: float, dtype: torch.dtype) -> None:
+    """Raise :class:`NonFiniteError` if the step's ``eta``, ``eta * T`` or ``2 eta T`` is not a
+    finite number of the chains' ``dtype`` (samplers multiply tensors by them: an overflow
+    would otherwise surface as torch's "cannot be converted ... without overflow")."""
+    largest = torch.finfo(dtype).max
+    for name, value in (("step size eta", eta), ("2 * eta * temperature", 2.0 * eta * temperature)):
+        if not (math.isfinite(value) and abs(value) <= largest):
+            raise NonFiniteError(
+                f"non-finite {name} = {value!r} at step {step} for all chains ({dtype} holds "
+                f"at most {largest:.3g}); the step size or the temperature is too large",
+                step=step,
+                chain=None,
+                quantity=name,
             )
 
 
@@ -107,6 +135,8 @@ class Sampler:
         schedule: Schedule | None = None,
     ) -> None:
         check_step_args(eta, lr)
+        if isinstance(temperature, bool) or not isinstance(temperature, Real):
+            raise ValueError(f"temperature must be a number, got {temperature!r}")
         if not (temperature >= 0 and math.isfinite(temperature)):
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         self.eta = eta
@@ -120,6 +150,7 @@ class Sampler:
     ) -> SamplerState:
         """Create the state of ``K`` chains started at ``theta`` of shape ``(K, D)``."""
         check_positions(theta, target.dim)
+        check_finite(0, "the start positions (init) are not finite", **{"start position": theta})
         eta = resolve_eta(self.eta, self.lr, target.n_data, self.order)
         state = SamplerState(theta=theta, eta=eta)
         return self._init_extras(state, target, generator)
@@ -131,7 +162,21 @@ class Sampler:
         k = state.step + 1
         scale, explore = self.schedule(k)
         temperature = 0.0 if explore else self.temperature
-        new_state = self._step(state, target, state.eta * scale, temperature, generator)
+        eta = state.eta * scale
+        check_step_scalars(k, eta, temperature, state.theta.dtype)
+        try:
+            new_state = self._step(state, target, eta, temperature, generator)
+        except RuntimeError as err:
+            # A product of step scalars a subclass forms (e.g. eta * T / s) overflowing.
+            if isinstance(err, NonFiniteError) or "without overflow" not in str(err):
+                raise
+            raise NonFiniteError(
+                f"a step scalar overflows {state.theta.dtype} at step {k} for all chains "
+                f"(eta = {eta!r}, temperature = {temperature!r}); the step size or the "
+                "temperature is too large",
+                step=k,
+                quantity="step scalar",
+            ) from None
         new_state.step = k
         return new_state
 
@@ -150,7 +195,9 @@ class Sampler:
     ) -> Evaluation:
         """Evaluate the target and stop with a clear message on a non-finite result."""
         ev = target.evaluate(theta, generator, create_graph=create_graph)
-        check_finite(step, energy=ev.energy, gradient=ev.grad)
+        # At the first step the positions are the (finite) start: the step size is not the cause.
+        hint = BAD_START if step <= 1 else STEP_TOO_LARGE
+        check_finite(step, hint, energy=ev.energy, gradient=ev.grad)
         return ev
 
     def _init_extras(

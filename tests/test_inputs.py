@@ -1,0 +1,101 @@
+"""Inputs checked where they enter (issue #15): ``BayesianModel`` data against its module,
+``sample``'s arguments, step arguments, and a cyclical schedule's run length."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import metasampler as ms
+from metasampler.samplers import SGLD, cyclical_sgld
+from metasampler.schedules import CyclicalCosine
+
+
+def target() -> ms.EnergyTarget:
+    return ms.EnergyTarget(lambda th: 0.5 * (th**2).sum(-1), dim=2)
+
+
+def classifier_data(n: int = 30, features: int = 4, classes: int = 3):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, features, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+
+def test_bayesian_model_checks_the_feature_count_at_construction():
+    x, y = classifier_data(features=5)
+    with pytest.raises(ValueError, match=r"cannot take the data's inputs x of shape \(N, 5\)"):
+        ms.BayesianModel(torch.nn.Linear(4, 3), (x, y))
+
+
+@pytest.mark.parametrize(("bad", "shown"), [(3, r"\[0, 3\]"), (-1, r"\[-1, 2\]")])
+def test_bayesian_model_checks_the_label_range_at_construction(bad, shown):
+    x, y = classifier_data()
+    y[7] = bad
+    with pytest.raises(ValueError, match=r"labels y must be in \[0, 2\].*got labels in " + shown):
+        ms.BayesianModel(torch.nn.Linear(4, 3), (x, y))
+
+
+def test_bayesian_model_accepts_good_data():
+    model = ms.BayesianModel(torch.nn.Linear(4, 3), classifier_data(), batch_size=10)
+    result = ms.sample(SGLD(lr=1e-3), model, 2, 3, seed=0, progress=False)
+    assert result.theta.shape == (3, 2, 15)
+
+
+BAD_SAMPLE_ARGS = [
+    (dict(n_steps=None), "n_steps must be an integer"),
+    (dict(n_steps=True), "n_steps must be an integer"),
+    (dict(n_steps=2.5), "n_steps must be an integer"),
+    (dict(n_chains="4"), "n_chains must be an integer"),
+    (dict(thin=0), "thin must be an integer >= 1"),
+    (dict(burn_in=-1), "burn_in must be an integer >= 0"),
+    (dict(burn_in=10), r"burn_in \(10\) must be < n_steps \(10\)"),
+    (dict(burn_in=12), r"burn_in \(12\) must be < n_steps"),
+    (dict(burn_in=5, thin=6), "no sample would be kept"),
+    (dict(thin=11), "no sample would be kept"),
+    (dict(seed=2**64), "seed must be None or an integer"),
+    (dict(seed=-(2**63) - 1), "seed must be None or an integer"),
+    (dict(seed=1.5), "seed must be None or an integer"),
+    (dict(dtype=torch.int64), "dtype must be a floating"),
+    (dict(callback=3), "callback must be callable"),
+    (dict(sampler=object()), "sampler must be a metasampler sampler"),
+    (dict(sampler="SGLD"), "sampler must be a metasampler sampler"),
+    (dict(target=object()), "target must have dim, n_data and evaluate"),
+    (dict(target=torch.zeros(3)), "target must have dim, n_data and evaluate"),
+]
+
+
+@pytest.mark.parametrize(("changes", "message"), BAD_SAMPLE_ARGS)
+def test_sample_validates_its_arguments(changes, message):
+    args = dict(sampler=SGLD(eta=0.01), target=target(), n_chains=4, n_steps=10)
+    args.update(changes)
+    with pytest.raises(ValueError, match=message):
+        ms.sample(progress=False, **args)
+
+
+def test_sample_keeps_integral_arguments_working():
+    result = ms.sample(SGLD(eta=0.01), target(), 3, 10, burn_in=4, thin=3, seed=2**64 - 1,
+                       progress=False)  # fmt: skip
+    assert result.steps.tolist() == [7, 10]
+
+
+@pytest.mark.parametrize("bad", [True, False, "0.1", None])
+def test_step_and_temperature_must_be_numbers_not_bools(bad):
+    if bad is not None:
+        with pytest.raises(ValueError, match="eta must be a number"):
+            SGLD(eta=bad)
+    with pytest.raises(ValueError, match="temperature must be a number"):
+        SGLD(eta=0.1, temperature=bad)
+
+
+def test_cyclical_schedule_refuses_steps_past_its_run():
+    schedule = CyclicalCosine(total_steps=20, n_cycles=2)
+    schedule(20)
+    with pytest.raises(ValueError, match="total_steps=20"):
+        schedule(21)
+    sampler = cyclical_sgld(eta=0.01, total_steps=20, n_cycles=2)
+    with pytest.raises(ValueError, match="total_steps=20"):
+        ms.sample(sampler, target(), 2, 21, seed=0, progress=False)
+    # A run split in two is fine while it stays within total_steps.
+    first = ms.sample(sampler, target(), 2, 12, seed=0, progress=False)
+    ms.sample(sampler, target(), 2, 8, init=first.final_state, seed=1, progress=False)
+    with pytest.raises(ValueError, match="total_steps=20"):
+        ms.sample(sampler, target(), 2, 9, init=first.final_state, seed=1, progress=False)
