@@ -8,8 +8,9 @@ Adam on one Bayesian neural network, every method with the same budget (chains, 
 minibatch size). Each method's per-batch learning rate is first chosen from a small grid by
 the validation NLL of short runs; then every seed runs with the chosen value.
 
-Writes into ``<out_dir>/<name>/`` (all at the end, file by file with ``os.replace``; an
-interrupted or failed run leaves earlier results as they were):
+Writes into ``<out_dir>/<name>/``, built in a staging directory and swapped in as a whole at
+the end (one atomic rename; an interrupted or failed run leaves earlier results as they
+were, and the next run removes the staging directories killed runs left behind):
 
 * ``results.json`` — config, budget, chosen step sizes with the tuning scores, per-seed final
   metrics, mean ± standard error, learning curves;
@@ -35,7 +36,6 @@ import argparse
 import os
 import shutil
 import sys
-import uuid
 from pathlib import Path
 
 
@@ -83,12 +83,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from metasampler import distributed
     from metasampler.evaluation import (
-        publish,
         run_benchmark,
         synthetic_classification_problem,
         write_results,
     )
     from metasampler.export import SamplerFileError, load_sampler
+    from metasampler.staging import clean_stale, new_staging_dir, publish_directory
 
     # Threads; under torchrun also join the process group (one GPU per process for CUDA).
     device = distributed.init_from_config(cfg)
@@ -162,25 +162,28 @@ def main(argv: list[str] | None = None) -> int:
             f"seeds {list(cfg.seeds)}"
         )
 
-    # 3. Run into a staging directory; publish only a complete result.
+    # 3. Run into a staging directory; publish only a complete result, swapped in as a whole
+    # (the previous results stay until then). Stale staging left by killed runs goes first.
     out_root = Path(cfg.out_dir)
     final_dir = out_root / cfg.name
-    staging = out_root / f".{cfg.name}.partial-{uuid.uuid4().hex[:8]}"
+    staging = out_root / f".{cfg.name}.partial-unused"  # (ranks > 0 write nothing)
     if main_process:
         out_root.mkdir(parents=True, exist_ok=True)
-        staging.mkdir()
+        clean_stale(out_root, cfg.name)
+        staging = new_staging_dir(out_root, cfg.name)
     try:
         result = run_benchmark(
             cfg, problem, sampler_path=sampler_path, out_dir=staging, progress=cfg.progress
         )
         if main_process:
             write_results(result, staging, to_yaml(cfg))
-            publish(staging, final_dir)
+            publish_directory(staging, final_dir)
     except KeyboardInterrupt:
         print("interrupted; nothing written", file=sys.stderr)
         return 130
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if main_process:  # a failed run's staging, or the previous results after the swap
+            shutil.rmtree(staging, ignore_errors=True)
 
     if main_process:
         print()

@@ -35,7 +35,6 @@ import io
 import json
 import math
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -1488,23 +1487,3 @@ def write_results(result: BenchmarkResult, directory: str | os.PathLike, config_
     }
     for name, make in figures.items():
         atomic_write_bytes(directory / name, _figure_bytes(make()))
-
-
-def publish(staging: str | os.PathLike, final: str | os.PathLike) -> None:
-    """Move the results of ``staging`` into ``final`` with ``os.replace`` (file by file; the
-    ``tb`` directory as a whole), removing stale result files, then delete ``staging``."""
-    staging, final = Path(staging), Path(final)
-    final.mkdir(parents=True, exist_ok=True)
-    for name in RESULT_FILES:
-        source = staging / name
-        if source.exists():
-            os.replace(source, final / name)
-        else:
-            (final / name).unlink(missing_ok=True)
-    if (staging / "tb").is_dir():
-        old = final / f".tb.old.{uuid.uuid4().hex}"
-        if (final / "tb").exists():
-            os.replace(final / "tb", old)
-        os.replace(staging / "tb", final / "tb")
-        shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(staging, ignore_errors=True)

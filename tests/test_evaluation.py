@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from metasampler import NNSGHMC, sample
+from metasampler import NNSGHMC, sample, staging
 from metasampler.config import ConfigError, load_benchmark_config
 from metasampler.evaluation import (
     EvalSet,
@@ -375,9 +375,18 @@ def _evaluate_main(capsys, *args: str) -> tuple[int, str]:
 def test_evaluate_cli_writes_every_result(tmp_path):
     config = _write_config(tmp_path)
     sampler = _save_sampler(tmp_path / "sampler.safetensors")
+    # A previous result (replaced as a whole) and the staging directory of a killed run.
+    out = tmp_path / "out" / "tiny"
+    out.mkdir(parents=True)
+    (out / "from_an_earlier_run.txt").write_text("old")
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    host = staging.owner_tag().rsplit("-", 2)[0]
+    killed = tmp_path / "out" / f".tiny.partial-{host}-{int(ended.stdout)}-0123abcd"
+    killed.mkdir()
     proc = _evaluate("--config", str(config), "--sampler", str(sampler))
     assert proc.returncode == 0, proc.stderr
-    out = tmp_path / "out" / "tiny"
+    assert not (out / "from_an_earlier_run.txt").exists() and not killed.exists()
     for name in (
         "results.json",
         "summary.csv",
