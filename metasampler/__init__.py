@@ -12,7 +12,7 @@ Quick start::
 from . import benchmark, diagnostics, distributed, evaluation, meta, samplers, schedules
 from .bayesian import BayesianModel, flatten_params, unflatten_params
 from .driver import SampleResult, sample
-from .export import SamplerFileError, load_sampler
+from .export import SamplerFileError, SamplerFileWarning, load_sampler
 from .learned import NNSGHMC
 from .targets import EnergyTarget, Evaluation, NonFiniteError, Target
 
@@ -20,6 +20,7 @@ __all__ = [
     "BayesianModel",
     "NNSGHMC",
     "SamplerFileError",
+    "SamplerFileWarning",
     "benchmark",
     "diagnostics",
     "distributed",

@@ -11,18 +11,20 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
 
     {
       "format": "metasampler.nnsghmc",
-      "format_version": 1,
+      "format_version": 2,
       "architecture": {"q_hidden": [40], "d_hidden": [40], "activation": "tanh",
                        "d_output": "softplus", "dtype": "float32"},
       "constants": {"beta_off": 0.0, "alpha": 0.0, "c": 0.0, "q_clamp": 5.0,
                     "d_output_scale": 1.0, "energy_input_scale": 1.0,
                     "grad_input_scale": 1.0, "gamma": "exact",
-                    "momentum_init": "normal", "detach_inputs": true},
+                    "momentum_init": "normal", "detach_inputs": true,
+                    "d_clamp": null, "grad_input": "standardised",
+                    "friction_units": "absolute"},
       "training": {"eta": 0.01, "lr": null, "temperature": 1.0},
       "statistics": {"energy_loc": 0.0, "energy_std": 1.0, "momentum_std": 1.3,
                      "grad_std": 2.1},
       "train_dim": 10,
-      "checksum": {"algorithm": "sha256", "value": "<64 hex digits>"},
+      "checksum": {"algorithm": "sha256-header+tensors", "value": "<64 hex digits>"},
       "provenance": {"commit": "<git HEAD or 'unknown'>", "created": "<ISO 8601 UTC>",
                      "torch": "2.13.0", "metasampler": "0.1.0", "...": "user-supplied"}
     }
@@ -31,12 +33,21 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
   so the file alone rebuilds the sampler. ``statistics`` and ``train_dim`` repeat the buffers
   for inspection (the tensors are authoritative; a disagreement is an error). ``training``
   records the step the sampler was meta-trained with: :func:`load_sampler` uses it unless
-  ``eta`` or ``lr`` is given. ``checksum`` is a SHA-256 over every tensor's name, dtype,
-  shape and bytes (sorted by name), so corrupted tensor data is detected.
+  ``eta`` or ``lr`` is given. Version 1 files (written before ``d_clamp``, ``grad_input``
+  and ``friction_units`` existed) still load, with those constants at their defaults
+  (``null``, ``"standardised"``, ``"absolute"``: the behaviour they were trained with).
+  ``checksum`` (``"sha256-header+tensors"``) is a SHA-256 over the canonical JSON of the
+  rest of the header and every tensor's name, dtype, shape and bytes, so any change to the
+  file is detected. Version 1 files (and version 2 files written before this checksum) carry
+  ``"sha256"`` over the tensors only: they load with a :class:`SamplerFileWarning`, their
+  header checked only by the schema and against the tensors (``metasampler/sampler_file.py``
+  defines both checksums and every check).
 
 :func:`save_sampler` writes through a temporary file in the target directory and
-``os.replace``, so an interrupted save leaves either the old file or none, never half a file.
-:func:`load_sampler` validates the file before building anything and says what is wrong.
+``os.replace``, so an interrupted save leaves either the old file or none, never half a file
+(temporary files of killed saves are removed by the next save into that directory).
+:func:`load_sampler` checks the whole file (sizes, layout, strict header schema, checksum)
+before building anything; every failure is a :class:`SamplerFileError` saying what is wrong.
 """
 
 from __future__ import annotations
@@ -87,6 +98,8 @@ FORMAT = "metasampler.nnsghmc"
 FORMAT_VERSION = 2
 #: Format versions :func:`load_sampler` reads (1: header not covered by the checksum).
 READABLE_VERSIONS = (1, 2)
+#: Constants version 1 files lack take these values (the behaviour they were trained with).
+_V2_CONSTANTS = {"d_clamp": None, "grad_input": "standardised", "friction_units": "absolute"}
 #: The safetensors metadata key holding the JSON header.
 HEADER_KEY = "metasampler"
 
@@ -179,7 +192,9 @@ def _build_header(sampler: NNSGHMC, tensors: dict[str, Tensor], provenance: dict
             "gamma": sampler.gamma,
             "momentum_init": sampler.momentum_init,
             "detach_inputs": bool(sampler.detach_inputs),
-            **_v2_constants(sampler),
+            "d_clamp": None if sampler.d_clamp is None else float(sampler.d_clamp),
+            "grad_input": sampler.grad_input,
+            "friction_units": sampler.friction_units,
         },
         "training": {
             "eta": None if sampler.eta is None else float(sampler.eta),
@@ -192,16 +207,6 @@ def _build_header(sampler: NNSGHMC, tensors: dict[str, Tensor], provenance: dict
     }
     header["checksum"] = {"algorithm": CHECKSUM_FULL, "value": header_checksum(header, tensors)}
     return header
-
-
-def _v2_constants(sampler: NNSGHMC) -> dict:
-    """The constants format version 2 adds (their defaults reproduce version 1)."""
-    d_clamp = getattr(sampler, "d_clamp", None)
-    return {
-        "d_clamp": None if d_clamp is None else float(d_clamp),
-        "grad_input": getattr(sampler, "grad_input", "standardised"),
-        "friction_units": getattr(sampler, "friction_units", "absolute"),
-    }
 
 
 def _atomic_save(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str]) -> None:
@@ -358,7 +363,8 @@ def load_sampler(
             ),
             stacklevel=2,
         )
-    arch, consts, training = header["architecture"], header["constants"], header["training"]
+    arch, training = header["architecture"], header["training"]
+    consts = {**_V2_CONSTANTS, **header["constants"]}
     if eta is None and lr is None:
         eta, lr = training["eta"], training["lr"]
     step_known = eta is not None or lr is not None
@@ -377,6 +383,9 @@ def load_sampler(
             gamma=consts["gamma"] if gamma is None else gamma,
             detach_inputs=consts["detach_inputs"],
             momentum_init=consts["momentum_init"],
+            d_clamp=consts["d_clamp"],
+            grad_input=consts["grad_input"],
+            friction_units=consts["friction_units"],
             temperature=temperature,
             schedule=schedule,
             seed=None,

@@ -328,8 +328,8 @@ def _check_version(path: Path, version: Any, versions: tuple[int, ...], current:
     else:
         hint = ""
     raise SamplerFileError(
-        f"{path} was written by format version {version!r}; this metasampler reads version "
-        f"{', '.join(str(v) for v in versions)}{hint}"
+        f"{path} was written by format version {version!r}; this metasampler reads versions "
+        f"{' and '.join(str(v) for v in versions)}{hint}"
     )
 
 

@@ -30,7 +30,12 @@ from metasampler.export import (
     save_sampler,
 )
 from metasampler.learned import NNSGHMC
-from metasampler.sampler_file import CHECKSUM_FULL, header_checksum
+from metasampler.sampler_file import (
+    CHECKSUM_FULL,
+    CHECKSUM_TENSORS,
+    header_checksum,
+    tensor_checksum,
+)
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -52,6 +57,9 @@ SETTINGS = dict(
     gamma="finite_difference",
     detach_inputs=False,
     momentum_init="zeros",
+    d_clamp=4.0,
+    grad_input="per_datum",
+    friction_units="per_step",
 )
 BUFFERS = dict(energy_loc=0.3, energy_std=2.0, momentum_std=0.8, grad_std=1.7, train_dim=4)
 # (attribute path on the sampler, value expected from SETTINGS)
@@ -73,6 +81,9 @@ CONSTANTS = {
     "gamma": "finite_difference",
     "detach_inputs": False,
     "momentum_init": "zeros",
+    "d_clamp": 4.0,
+    "grad_input": "per_datum",
+    "friction_units": "per_step",
 }
 
 
@@ -141,8 +152,11 @@ def rewrite(
         tensors(data)
     if header is not None:
         header(head)
-    if resign and head.get("checksum", {}).get("algorithm") == CHECKSUM_FULL:
+    algorithm = head.get("checksum", {}).get("algorithm")
+    if resign and algorithm == CHECKSUM_FULL:
         head["checksum"]["value"] = header_checksum(head, data)
+    elif resign and algorithm == CHECKSUM_TENSORS:
+        head["checksum"]["value"] = tensor_checksum(data)
     if metadata is None:
         metadata = {HEADER_KEY: json.dumps(head)}
     safetensors.torch.save_file(data, str(dst), metadata=metadata)
@@ -246,6 +260,9 @@ def test_header_contents(saved):
     }
     assert header["constants"]["gamma"] == "finite_difference"
     assert header["constants"]["alpha"] == 0.1
+    assert header["constants"]["d_clamp"] == 4.0
+    assert header["constants"]["grad_input"] == "per_datum"
+    assert header["constants"]["friction_units"] == "per_step"
     assert header["training"] == {"eta": 0.03, "lr": None, "temperature": 1.0}
     assert header["statistics"] == {k: v for k, v in BUFFERS.items() if k != "train_dim"}
     assert header["train_dim"] == 4
@@ -427,16 +444,77 @@ def test_wrong_format_name(saved, tmp_path):
         load_sampler(bad)
 
 
-@pytest.mark.parametrize("version", [99, 0, "1"])
+@pytest.mark.parametrize("version", [99, 0, "1", 3])
 def test_other_format_version(saved, tmp_path, version):
     _, path = saved
     bad = rewrite(
         path, tmp_path / "v.safetensors", header=lambda h: h.update(format_version=version)
     )
-    message = f"written by format version {version!r}; this metasampler reads version 1, 2"
+    message = f"written by format version {version!r}; this metasampler reads versions 1 and 2"
     with pytest.raises(SamplerFileError, match=re.escape(message)):
         load_sampler(bad)
     assert read_header(bad)["format_version"] == version  # inspection still works
+
+
+def as_version_1(header: dict) -> None:
+    """A version-1 header: written before d_clamp, grad_input and friction_units existed."""
+    header["format_version"] = 1
+    for name in ("d_clamp", "grad_input", "friction_units"):
+        del header["constants"][name]
+    header["checksum"]["algorithm"] = "sha256"  # over the tensors only (set by rewrite)
+
+
+def test_version_1_file_loads_with_the_old_behaviour(tmp_path):
+    # A sampler with the constants' defaults, saved as version 2 and rewritten as version 1:
+    # same constants, same trajectory.
+    defaults = {"d_clamp": None, "grad_input": "standardised", "friction_units": "absolute"}
+    sampler = NNSGHMC(**{**SETTINGS, **defaults}, seed=3)
+    for name, value in BUFFERS.items():
+        getattr(sampler, name).fill_(value)
+    path = tmp_path / "v2.safetensors"
+    save_sampler(sampler, path)
+    old = rewrite(path, tmp_path / "v1.safetensors", header=as_version_1)
+    with pytest.warns(ms.SamplerFileWarning, match="tensors only"):
+        loaded = load_sampler(old)
+    assert (loaded.d_clamp, loaded.grad_input, loaded.friction_units) == (
+        None,
+        "standardised",
+        "absolute",
+    )
+    assert torch.equal(toy_run(loaded), toy_run(sampler))
+    # The loader really reads the version-2 constants (the check can fail).
+    clamped = rewrite(
+        path, tmp_path / "c.safetensors", header=lambda h: h["constants"].update(d_clamp=0.5)
+    )
+    assert load_sampler(clamped).d_clamp == 0.5
+    with pytest.raises(SamplerFileError, match="'constants.d_clamp' must be null or a finite"):
+        load_sampler(
+            rewrite(
+                path,
+                tmp_path / "b.safetensors",
+                header=lambda h: h["constants"].update(d_clamp="x"),
+            )
+        )
+    with pytest.raises(SamplerFileError, match=r"\['constants.grad_input'\] missing"):
+        load_sampler(
+            rewrite(
+                path, tmp_path / "m.safetensors", header=lambda h: h["constants"].pop("grad_input")
+            )
+        )
+
+
+@pytest.mark.parametrize("path", sorted((TESTS_DIR.parent / "pretrained").glob("*.safetensors")))
+def test_shipped_files_load_with_the_old_behaviour(path):
+    header = read_header(path)
+    with warnings.catch_warnings():  # (version 1: SamplerFileWarning, header not covered)
+        warnings.simplefilter("ignore", ms.SamplerFileWarning)
+        loaded = load_sampler(path)
+    if header["format_version"] == 1:
+        assert (loaded.d_clamp, loaded.grad_input, loaded.friction_units) == (
+            None,
+            "standardised",
+            "absolute",
+        )
 
 
 def test_header_not_json_or_incomplete(saved, tmp_path):
