@@ -76,6 +76,7 @@ from .sampler_file import (
     SamplerFileError,
     SamplerFileWarning,
     header_checksum,
+    parse_json,
     read_raw_header,
     read_sampler_file,
 )
@@ -160,14 +161,23 @@ def save_sampler(sampler: NNSGHMC, path: PathLike, provenance: dict | None = Non
         tensors[name] = value
     header = _build_header(sampler, tensors, dict(provenance or {}))
     metadata = {HEADER_KEY: json.dumps(header, allow_nan=False)}
-    if len(metadata[HEADER_KEY]) > MAX_JSON_BYTES // 2:
-        raise ValueError(
-            f"the header would take {len(metadata[HEADER_KEY])} bytes; sampler files hold at "
-            f"most {MAX_JSON_BYTES // 2} (make the provenance smaller)"
-        )
+    _check_header_loads(metadata[HEADER_KEY])
     _atomic_save(tensors, Path(path), metadata)
-    # What it wrote must load: e.g. a provenance nested deeper than readers accept.
-    read_sampler_file(Path(path), READABLE_VERSIONS, FORMAT_VERSION)
+
+
+def _check_header_loads(text: str) -> None:
+    """Refuse (before writing) a header that :func:`load_sampler` would refuse: too large or
+    nested too deep (a big or deep ``provenance``)."""
+    if len(text) > MAX_JSON_BYTES // 2:
+        raise ValueError(
+            f"refusing to save: the header would take {len(text)} bytes; sampler files hold "
+            f"at most {MAX_JSON_BYTES // 2} (make the provenance smaller)"
+        )
+
+    def refuse(what: str) -> None:
+        raise ValueError(f"refusing to save: {what} (make the provenance simpler)")
+
+    parse_json(text.encode(), "header", refuse)
 
 
 def _build_header(sampler: NNSGHMC, tensors: dict[str, Tensor], provenance: dict) -> dict:

@@ -59,6 +59,7 @@ __all__ = [
     "SamplerFileWarning",
     "canonical_header_bytes",
     "header_checksum",
+    "parse_json",
     "read_raw_header",
     "read_sampler_file",
     "tensor_checksum",
@@ -204,7 +205,7 @@ def read_sampler_file(path: Path, versions: Iterable[int], current: int) -> Samp
         )
     if set(metadata) != {HEADER_KEY} or not isinstance(metadata[HEADER_KEY], str):
         fail(f"its safetensors metadata must hold exactly one string, {HEADER_KEY!r}")
-    header = _parse_json(metadata[HEADER_KEY].encode("utf-8", "surrogatepass"), "header", fail)
+    header = parse_json(metadata[HEADER_KEY].encode("utf-8", "surrogatepass"), "header", fail)
     if not isinstance(header, dict):
         fail(f"its header is a JSON {type(header).__name__}, not an object")
     if header.get("format") != FORMAT:
@@ -253,7 +254,7 @@ def read_raw_header(path: Path) -> dict:
             f"{path} is a safetensors file but not a metasampler sampler: its metadata has no "
             f"{HEADER_KEY!r} header"
         )
-    header = _parse_json(metadata[HEADER_KEY].encode("utf-8", "surrogatepass"), "header", fail)
+    header = parse_json(metadata[HEADER_KEY].encode("utf-8", "surrogatepass"), "header", fail)
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise SamplerFileError(f"{path} is a safetensors file but not a metasampler sampler")
     return header
@@ -275,14 +276,15 @@ def _split(blob: bytes, fail) -> tuple[dict, bytes]:
         fail(f"its safetensors header claims {n} bytes (at most {MAX_JSON_BYTES})")
     if 8 + n > len(blob):
         fail(f"its safetensors header claims {n} bytes but the file has {len(blob) - 8} more")
-    outer = _parse_json(blob[8 : 8 + n], "safetensors header", fail)
+    outer = parse_json(blob[8 : 8 + n], "safetensors header", fail)
     if not isinstance(outer, dict):
         fail("its safetensors header is not a JSON object")
     return outer, blob[8 + n :]
 
 
-def _parse_json(raw: bytes, what: str, fail) -> Any:
-    """Strict JSON: UTF-8, bounded nesting, no duplicate keys, no NaN/Infinity."""
+def parse_json(raw: bytes, what: str, fail: Callable[[str], Any]) -> Any:
+    """Strict JSON: UTF-8, bounded nesting, no duplicate keys, no NaN/Infinity; ``fail`` is
+    called with what is wrong (and must raise)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import metasampler as ms
+from metasampler import staging
 from metasampler.bayesian import BayesianModel
 from metasampler.export import (
     FORMAT,
@@ -372,6 +373,32 @@ def test_interrupted_save_leaves_no_partial_file(tmp_path, monkeypatch):
     assert path.read_bytes() == before
     assert leftovers(tmp_path) == []
     assert load_sampler(path).eta == 0.05
+
+
+def test_temporary_files_of_killed_saves_are_removed_at_the_next_save(tmp_path):
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    host = staging.owner_tag().rsplit("-", 2)[0]
+    killed = tmp_path / f".s.safetensors.{host}-{int(ended.stdout)}-0123abcd.tmp"
+    legacy = tmp_path / f".s.safetensors.{'b' * 32}.tmp"  # an older release's, long ago
+    running = tmp_path / f".s.safetensors.{host}-{os.getppid()}-0123abcd.tmp"
+    for leftover in (killed, legacy, running):
+        leftover.write_bytes(b"half a file")
+    os.utime(legacy, (0, 0))
+    save_sampler(make_sampler(), tmp_path / "s.safetensors")
+    assert leftovers(tmp_path) == [running.name]  # a live process's file is not touched
+
+
+def test_save_refuses_a_provenance_the_loader_would_refuse(tmp_path):
+    deep: dict = {}
+    for _ in range(30):
+        deep = {"x": deep}
+    path = tmp_path / "s.safetensors"
+    with pytest.raises(ValueError, match="refusing to save.*nests deeper"):
+        save_sampler(make_sampler(), path, provenance={"deep": deep})
+    with pytest.raises(ValueError, match="refusing to save.*bytes"):
+        save_sampler(make_sampler(), path, provenance={"big": "x" * 2**20})
+    assert not path.exists() and leftovers(tmp_path) == []
 
 
 def test_save_keeps_ordinary_permissions(saved):
