@@ -93,6 +93,7 @@ __all__ = [
     "load_sampler",
     "read_header",
     "save_sampler",
+    "upgrade_sampler_file",
 ]
 
 FORMAT = "metasampler.nnsghmc"
@@ -421,6 +422,34 @@ def load_sampler(
         sampler.f_q.to(dtype=dtype)
         sampler.f_d.to(dtype=dtype)
     return sampler
+
+
+def upgrade_sampler_file(src: PathLike, dst: PathLike | None = None) -> Path:
+    """Re-save a sampler file in format version ``FORMAT_VERSION`` (checksum over header and
+    tensors), keeping its weights, constants, training step and provenance.
+
+    For version-1 files (e.g. older ``pretrained/*.safetensors``): the tensors are verified
+    by their checksum, the header only by the schema (see :func:`load_sampler`), so upgrade
+    files whose origin you trust. ``dst`` defaults to ``src`` (replaced atomically).
+
+    Raises:
+        FileNotFoundError, SamplerFileError: as :func:`load_sampler`.
+    """
+    src = Path(src)
+    header = read_sampler_file(src, READABLE_VERSIONS, FORMAT_VERSION).header
+    training = header["training"]
+    stored_step = training["eta"] is not None or training["lr"] is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SamplerFileWarning)
+        sampler = load_sampler(
+            src, eta=None if stored_step else 1.0, temperature=training["temperature"]
+        )
+    if not stored_step:  # keep "no stored step" (the placeholder only let it load)
+        sampler.eta = None
+    provenance = {**header["provenance"], "upgraded_from_format_version": header["format_version"]}
+    out = Path(dst) if dst is not None else src
+    save_sampler(sampler, out, provenance=provenance)
+    return out
 
 
 def _read_tensors(

@@ -29,6 +29,7 @@ from metasampler.export import (
     load_sampler,
     read_header,
     save_sampler,
+    upgrade_sampler_file,
 )
 from metasampler.learned import NNSGHMC
 from metasampler.sampler_file import (
@@ -528,6 +529,28 @@ def test_version_1_file_loads_with_the_old_behaviour(tmp_path):
                 path, tmp_path / "m.safetensors", header=lambda h: h["constants"].pop("grad_input")
             )
         )
+
+
+def test_upgrading_a_version_1_file_keeps_everything_and_adds_the_full_checksum(tmp_path):
+    defaults = {"d_clamp": None, "grad_input": "standardised", "friction_units": "absolute"}
+    sampler = NNSGHMC(**{**SETTINGS, **defaults}, seed=3)
+    for name, value in BUFFERS.items():
+        getattr(sampler, name).fill_(value)
+    save_sampler(sampler, tmp_path / "v2.safetensors", provenance={"seed": 7})
+    old = rewrite(tmp_path / "v2.safetensors", tmp_path / "v1.safetensors", header=as_version_1)
+    new = upgrade_sampler_file(old, tmp_path / "upgraded.safetensors")
+    header = read_header(new)
+    assert header["format_version"] == FORMAT_VERSION
+    assert header["checksum"]["algorithm"] == CHECKSUM_FULL
+    provenance = read_header(old)["provenance"]
+    assert header["provenance"] == {**provenance, "upgraded_from_format_version": 1}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no SamplerFileWarning any more
+        upgraded = load_sampler(new)
+    for name, value in sampler.state_dict().items():
+        assert torch.equal(upgraded.state_dict()[name], value), name
+    expected = {**CONSTANTS, **defaults}
+    assert {key: attr(upgraded, key) for key in expected} == expected
 
 
 @pytest.mark.parametrize("path", sorted((TESTS_DIR.parent / "pretrained").glob("*.safetensors")))
