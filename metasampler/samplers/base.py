@@ -97,9 +97,9 @@ def check_finite(step: int, hint: str = STEP_TOO_LARGE, **tensors: Tensor) -> No
 
 
 def check_step_scalars(step: int, eta: float, temperature: float, dtype: torch.dtype) -> None:
-    """Raise :class:`NonFiniteError` if the step's ``eta``, ``eta * T`` or ``2 eta T`` is not a
-    finite number of the chains' ``dtype`` (samplers multiply tensors by them: an overflow
-    would otherwise surface as torch's "cannot be converted ... without overflow")."""
+    """Raise :class:`NonFiniteError` if the step's ``eta`` or ``2 eta T`` (hence ``eta T``) is
+    not a finite number of the chains' ``dtype`` (samplers multiply tensors by them: an
+    overflow would otherwise surface as torch's "cannot be converted ... without overflow")."""
     largest = torch.finfo(dtype).max
     for name, value in (("step size eta", eta), ("2 * eta * temperature", 2.0 * eta * temperature)):
         if not (math.isfinite(value) and abs(value) <= largest):
