@@ -450,6 +450,9 @@ def _check_run_placement(cfg: DictConfig) -> None:
     """The checks both CLIs share: name, out_dir and device, before anything is written."""
     _check_name(cfg.name)
     _check_out_dir(cfg.out_dir)
+    run_dir = Path(cfg.out_dir) / cfg.name
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"out_dir/name: {str(run_dir)!r} exists and is not a directory")
     check_device(cfg.device)
 
 

@@ -68,6 +68,8 @@ def test_out_dir_that_is_a_file_is_rejected(tmp_path, loader):
     for out_dir in (blocker, blocker / "below"):
         with pytest.raises(ConfigError, match="not a directory"):
             loader(None, [f"out_dir={out_dir}"])
+    with pytest.raises(ConfigError, match="out_dir/name.*not a directory"):
+        loader(None, [f"out_dir={tmp_path}", "name=file"])
 
 
 @pytest.mark.parametrize("key", ["task.cov", "eval.task.cov"])
