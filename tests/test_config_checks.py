@@ -78,12 +78,12 @@ def test_bogus_covariance_is_rejected(key):
         load_config(None, [f"{key}=bogus"])
 
 
+# The CLI goes through load_config, tested case by case above; these check the wiring (an
+# error message, exit status 2, nothing written) for the cases that used to run or crash.
 CLI_CASES = {
     "empty": (None, []),
     "escape": ("toy", ["name=../../escaped"]),
-    "kl_at": ("toy", ["eval.kl_at=[0]"]),
-    "device": ("toy", ["device=bogus"]),
-    "cov": ("toy", ["task.cov=bogus"]),
+    "kl_at": ("toy", ["eval.kl_at=[0]", "device=bogus"]),
 }
 
 
