@@ -115,7 +115,7 @@ class ParamSpec:
         lead = flat.shape[:-1]
         pieces = torch.split(flat, self.numels, dim=-1)
         return {
-            n: piece.reshape(*lead, *shape)
+            n: piece.reshape((*lead, *shape))  # a tuple: 0-d parameters give ()
             for n, piece, shape in zip(self.names, pieces, self.shapes, strict=True)
         }
 
