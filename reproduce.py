@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Reproduce the seed papers' baseline results (issue #6; results in docs/REPRODUCTION.md).
+"""Reproduce the baseline results of the papers metasampler builds on (docs/REPRODUCTION.md).
 
 Usage::
 

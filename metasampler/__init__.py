@@ -10,15 +10,22 @@ Quick start::
 """
 
 from . import benchmark, diagnostics, distributed, evaluation, meta, samplers, schedules
-from .bayesian import BayesianModel, flatten_params, unflatten_params
+from .bayesian import BayesianModel, Predictive, assign_params, flatten_params, unflatten_params
 from .driver import SampleResult, sample
-from .export import SamplerFileError, SamplerFileWarning, load_sampler
+from .export import SamplerFileError, SamplerFileWarning, load_sampler, pretrained_samplers
 from .learned import NNSGHMC
+from .posterior import ConvergenceWarning, Summary, summary
 from .targets import EnergyTarget, Evaluation, NonFiniteError, Target
 
 __all__ = [
     "BayesianModel",
+    "ConvergenceWarning",
     "NNSGHMC",
+    "Predictive",
+    "Summary",
+    "assign_params",
+    "pretrained_samplers",
+    "summary",
     "SamplerFileError",
     "SamplerFileWarning",
     "benchmark",

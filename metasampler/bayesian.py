@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
+from torch.nn.utils import vector_to_parameters
 from torch.utils.data import TensorDataset
 
 from .targets import Evaluation, check_positions, energy_and_grad
@@ -47,6 +48,8 @@ from .targets import Evaluation, check_positions, energy_and_grad
 __all__ = [
     "BayesianModel",
     "ParamSpec",
+    "Predictive",
+    "assign_params",
     "flatten_params",
     "unflatten_params",
     "categorical_log_lik",
@@ -112,7 +115,7 @@ class ParamSpec:
         lead = flat.shape[:-1]
         pieces = torch.split(flat, self.numels, dim=-1)
         return {
-            n: piece.reshape(*lead, *shape)
+            n: piece.reshape((*lead, *shape))  # a tuple: 0-d parameters give ()
             for n, piece, shape in zip(self.names, pieces, self.shapes, strict=True)
         }
 
@@ -139,6 +142,70 @@ def unflatten_params(flat: Tensor, module: nn.Module) -> dict[str, Tensor]:
             f"flat must be a (D,) or (K, D) tensor, got {getattr(flat, 'shape', flat)}"
         )
     return ParamSpec.from_module(module).unflatten(flat)
+
+
+def assign_params(module: nn.Module, flat: Tensor) -> nn.Module:
+    """Copy one sample ``flat`` of shape ``(D,)`` into ``module``'s parameters, in place.
+
+    The layout is :class:`BayesianModel`'s: ``module.parameters()`` order, each parameter
+    flattened row-major, tied parameters once — exactly what
+    ``torch.nn.utils.vector_to_parameters(flat, module.parameters())`` expects, which this
+    wraps with shape and dtype checks. E.g. ``assign_params(net, result.theta[-1, 0])`` puts
+    chain 0's last sample into ``net`` (``result.theta`` is ``(samples, chains, D)``).
+
+    Returns:
+        ``module`` (for chaining).
+
+    Raises:
+        ValueError: ``flat`` is not a ``(D,)`` tensor with ``D`` the module's parameter count.
+    """
+    dim = ParamSpec.from_module(module).dim
+    if not isinstance(flat, Tensor) or flat.shape != (dim,):
+        raise ValueError(
+            f"flat must be a ({dim},) tensor for this module (one sample, e.g. "
+            f"result.theta[s, k]), got {getattr(flat, 'shape', type(flat))}"
+        )
+    first = next(module.parameters())
+    with torch.no_grad():
+        vector_to_parameters(flat.detach().to(first.device, first.dtype), module.parameters())
+    return module
+
+
+@dataclass(frozen=True)
+class Predictive:
+    """Posterior-predictive summary of a :class:`BayesianModel` on inputs ``x`` (``B`` rows).
+
+    A draw's *prediction* is what its network outputs mean for ``y``: class probabilities
+    ``softmax(outputs)`` for the categorical likelihood, ``sigmoid(outputs)`` for the
+    Bernoulli ones, the mean ``outputs`` for the gaussian one and the raw outputs for a
+    custom likelihood.
+
+    Attributes:
+        draws: ``(S, K, B, ...)`` the prediction of every kept sample of every chain.
+        mean: ``(B, ...)`` the posterior-predictive mean: ``draws`` averaged over samples and
+            chains (for classification, the predictive class probabilities).
+        std: ``(B, ...)`` the standard deviation of ``draws`` over samples and chains (the
+            spread due to parameter uncertainty; for regression add ``noise_std**2`` to its
+            square for the predictive variance of a new ``y``).
+        entropy: ``(B,)`` entropy of the predictive class probabilities (categorical only,
+            else ``None``): 0 for a certain prediction, ``log C`` for a uniform one.
+    """
+
+    draws: Tensor
+    mean: Tensor
+    std: Tensor
+    entropy: Tensor | None
+
+    def accuracy(self, y: Tensor) -> float:
+        """Fraction of rows whose most probable class (``mean.argmax(-1)``) equals ``y``."""
+        if self.entropy is None:
+            raise ValueError("accuracy needs a categorical likelihood's class probabilities")
+        y = torch.as_tensor(y, device=self.mean.device)
+        if y.shape != self.mean.shape[:-1]:
+            raise ValueError(
+                f"y must have shape {tuple(self.mean.shape[:-1])}, got {tuple(y.shape)}"
+            )
+        return float((self.mean.argmax(-1) == y).double().mean())
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,6 +477,43 @@ class BayesianModel:
             )
         y = y.to(self.device, dtype=self.y.dtype)
         return vmap(self._loglik_one, in_dims=(0, None, None))(theta, x, y)
+
+    def predict(self, theta: Tensor, x: Tensor | None = None) -> Predictive:
+        """Posterior-predictive mean and spread on ``x`` (default: the training inputs).
+
+        Args:
+            theta: ``(S, K, D)`` samples (``result.theta``) or ``(K, D)`` positions.
+            x: inputs ``(B, ...)``.
+
+        Returns:
+            A :class:`Predictive` (its ``draws`` hold ``S * K * B`` predictions, so pass a
+            subset of ``x`` or thin the samples when that is large).
+        """
+        if not isinstance(theta, Tensor) or theta.ndim not in (2, 3):
+            raise ValueError(
+                f"theta must be (S, K, D) samples or (K, D) positions, got "
+                f"{getattr(theta, 'shape', type(theta))}"
+            )
+        samples = theta.unsqueeze(0) if theta.ndim == 2 else theta
+        x = self.x if x is None else x
+        with torch.no_grad():
+            # One vmapped forward per kept sample bounds memory at K * B outputs.
+            draws = torch.stack([self._prediction(self.forward(row, x)) for row in samples])
+        flat = draws.flatten(0, 1)
+        mean = flat.mean(0)
+        std = flat.std(0) if flat.shape[0] > 1 else torch.zeros_like(mean)
+        entropy = None
+        if self.likelihood == "categorical":
+            entropy = -(mean * mean.clamp_min(1e-30).log()).sum(-1)
+        return Predictive(draws, mean, std, entropy)
+
+    def _prediction(self, outputs: Tensor) -> Tensor:
+        """What one draw's outputs predict for ``y`` (see :class:`Predictive`)."""
+        if self.likelihood == "categorical":
+            return outputs.softmax(-1)
+        if self.likelihood in ("bernoulli", "bernoulli_sequence"):
+            return outputs.sigmoid()
+        return outputs
 
     def prior_energy(self, theta: Tensor) -> Tensor:
         """``-log p(theta) = ||theta||^2 / (2 prior_std^2)`` up to its constant, shape ``(K,)``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Integral
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,12 +28,28 @@ class SampleResult:
             it is evaluated at the position the step started from).
         steps: ``(S,)`` 1-based step index of each kept sample.
         final_state: the sampler state after the last step (to continue a run).
+        target: the target that was sampled (for predictions, parameter names and
+            :func:`~metasampler.summary`).
     """
 
     theta: Tensor
     energy: Tensor
     steps: Tensor
     final_state: SamplerState
+    target: Target | None = None
+
+    def to_inference_data(self) -> Any:
+        """The samples as an ArviZ ``InferenceData`` (needs ``pip install metasampler[arviz]``).
+
+        Dimensions follow ArviZ's ``(chain, draw, ...)`` convention (``theta`` is
+        ``(draw, chain, D)``). For a :class:`~metasampler.BayesianModel` each of the module's
+        parameters is its own variable with its own shape (``"0.weight"``, ...); otherwise one
+        variable ``theta`` of shape ``(chain, draw, D)``. ``sample_stats.energy`` holds the
+        (minibatch) energy of each kept sample.
+        """
+        from .posterior import to_inference_data  # imports ArviZ, an optional extra
+
+        return to_inference_data(self)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -197,4 +214,4 @@ def sample(
             if callback is not None:
                 callback(state)
             bar.update(1)
-    return SampleResult(thetas, energies, torch.tensor(kept_steps[:n_kept]), state)
+    return SampleResult(thetas, energies, torch.tensor(kept_steps[:n_kept]), state, target)

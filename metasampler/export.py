@@ -91,6 +91,7 @@ __all__ = [
     "SamplerFileError",
     "SamplerFileWarning",
     "load_sampler",
+    "pretrained_samplers",
     "read_header",
     "save_sampler",
     "upgrade_sampler_file",
@@ -118,6 +119,10 @@ _FLOAT_CONSTANTS = (
 )
 
 PathLike = str | os.PathLike
+
+#: The samplers shipped with the package (``<name>.safetensors`` + ``index.json``). In a
+#: checkout this is a link to the top-level ``pretrained/`` folder; a wheel holds a copy.
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,6 +318,30 @@ def read_header(path: PathLike) -> dict:
     return read_raw_header(Path(path))
 
 
+def pretrained_samplers() -> dict[str, str]:
+    """The shipped samplers that :func:`load_sampler` accepts by name, with what each was
+    meta-trained on (``{name: description}``, sorted by name)."""
+    index_file = PRETRAINED_DIR / "index.json"
+    index = json.loads(index_file.read_text()) if index_file.is_file() else {}
+    names = sorted(p.stem for p in PRETRAINED_DIR.glob("*.safetensors"))
+    return {name: index.get(name, "(no description)") for name in names}
+
+
+def _sampler_file(path_or_name: PathLike) -> Path:
+    """``path_or_name`` itself if it is a path; a bare name (no suffix, no folder) that is not
+    an existing file means the shipped sampler of that name."""
+    path = Path(path_or_name)
+    if path.exists() or path.suffix or len(path.parts) != 1:
+        return path
+    shipped = PRETRAINED_DIR / f"{path.name}.safetensors"
+    if shipped.is_file():
+        return shipped
+    raise FileNotFoundError(
+        f"no sampler file at {str(path)!r} and no shipped sampler of that name; shipped "
+        f"samplers: {', '.join(pretrained_samplers()) or 'none'}"
+    )
+
+
 def load_sampler(
     path: PathLike,
     *,
@@ -332,7 +361,8 @@ def load_sampler(
     therefore loads with a :class:`SamplerFileWarning` (re-save it to upgrade).
 
     Args:
-        path: the ``.safetensors`` file.
+        path: the ``.safetensors`` file, or the name of a shipped sampler (e.g.
+            ``"mnist_mlp"``; :func:`pretrained_samplers` lists them).
         eta, lr: evaluation step (at most one); default: the step stored from training.
         gamma: override the stored ``gamma`` mode (e.g. ``"finite_difference"``).
         device: where the nets and buffers go.
@@ -344,7 +374,7 @@ def load_sampler(
         An :class:`NNSGHMC` in ``eval()`` mode with ``requires_grad=False`` everywhere.
 
     Raises:
-        FileNotFoundError: no file at ``path``.
+        FileNotFoundError: no file at ``path`` and no shipped sampler of that name.
         SamplerFileError: the file is not a valid sampler file of a version in
             ``READABLE_VERSIONS`` (the message says what is wrong).
         ValueError: bad arguments, or no ``eta`` / ``lr`` given and none stored.
@@ -362,7 +392,7 @@ def load_sampler(
         raise ValueError(f"dtype must be a floating torch dtype or None, got {dtype!r}")
     device = torch.device(device)
 
-    path = Path(path)
+    path = _sampler_file(path)
     file = read_sampler_file(path, READABLE_VERSIONS, FORMAT_VERSION)
     header = file.header
     if not file.full_integrity:

@@ -1,4 +1,4 @@
-"""Reproductions of the seed papers' baseline results (issue #6), one module per experiment.
+"""Reproductions of the seed papers' baseline results, one module per experiment.
 
 =================  ================================================  =====================
 experiment         what                                              module
