@@ -455,3 +455,65 @@ def test_stationarity_with_binding_friction_clamp(gamma):
     theta = ms.sample(sampler, target, 200, 300, seed=1, progress=False).theta[-1]
     d = sampler.drift_terms(theta, torch.randn(theta.shape), target).d
     assert 0.2 < float((d == 1.0).double().mean()) < 0.8  # the clamp really binds
+
+
+def test_default_compiles_in_the_background_and_switches_when_ready(monkeypatch):
+    # The dispatch without inductor: `_kernel` stands in with the uncompiled entry point, and
+    # the background thread is held until the first step has run eagerly.
+    import threading
+
+    from metasampler.learned import fast
+
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
+    for name in ("_STATUS", "_THREADS", "_KERNELS"):
+        monkeypatch.setattr(fast, name, {})
+    release, calls = threading.Event(), []
+
+    def kernel(key):
+        def run(*args):
+            if threading.current_thread() is not threading.main_thread():
+                release.wait(10)
+            calls.append(threading.current_thread().name)
+            return fast._entry(*args)
+
+        return run
+
+    monkeypatch.setattr(fast, "_kernel", kernel)
+    target, _ = quadratic_target(noise=0.5)
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2)
+    reference = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=False)
+    gen, ref_gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        state = sampler.init(init.clone(), target, gen)
+        ref = reference.init(init.clone(), target, ref_gen)
+        state = sampler.step(state, target, gen)  # does not wait for the compile
+        ref = reference.step(ref, target, ref_gen)
+        assert calls == [] and list(fast._STATUS.values()) == ["compiling"]
+        release.set()
+        fast.wait_for_compiles(10)
+        assert list(fast._STATUS.values()) == ["ready"]
+        for _ in range(3):
+            state = sampler.step(state, target, gen)
+            ref = reference.step(ref, target, ref_gen)
+    assert calls.count("MainThread") == 3 and calls.count("nnsghmc-compile") == 1
+    torch.testing.assert_close(state.theta, ref.theta)
+
+
+def test_without_a_compiler_the_eager_step_runs_after_a_notice(monkeypatch, capsys):
+    from metasampler.learned import fast
+
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast.shutil, "which", lambda name: None)
+    monkeypatch.setattr(fast, "_NOTICE_GIVEN", False)
+    monkeypatch.setattr(fast, "_THREADS", {})
+    target, _ = quadratic_target()
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2)
+    reference = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=False)
+    got = ms.sample(sampler, target, 4, 5, init=init, seed=0, progress=False).theta
+    expected = ms.sample(reference, target, 4, 5, init=init, seed=0, progress=False).theta
+    assert torch.equal(got, expected) and fast._THREADS == {}
+    err = capsys.readouterr().err
+    assert err.count("metasampler: NNSGHMC runs its eager step (no C++ compiler") == 1

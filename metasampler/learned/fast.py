@@ -1,7 +1,7 @@
 """How one NNSGHMC step is executed: transformations of :func:`nnsghmc_update`, no copies.
 
 The step is one pure, element-wise function of the coordinates
-(:func:`metasampler.learned.nnsghmc.nnsghmc_update`). This module only decides how to run it:
+(:func:`metasampler.learned.equations.nnsghmc_update`). This module only decides how to run it:
 
 * **compiled** (sampling, the default where the machine allows it): ``torch.compile`` of
   that function, fused by inductor into one loop over the coordinates. It is compiled in a
@@ -13,12 +13,14 @@ The step is one pure, element-wise function of the coordinates
   environment variable ``METASAMPLER_COMPILE`` to ``1`` or ``0``.
 * **blocks** (sampling, eager): the function on blocks of columns whose ``(H, K, cols)``
   hidden activations stay in cache; same values as one call.
-* **recompute** (meta-training, grad enabled): a :class:`torch.autograd.Function` whose
-  forward runs the blocks without recording anything and whose backward recomputes each
-  block with autograd and back-propagates through it at once, so no ``(H, K, D)``
-  activation of any step is stored across the unroll and the backward's memory traffic stays
-  in cache.
-* **plain**: the function called directly (with autograd if enabled): the reference.
+* **recompute** (``step_path="recompute"``, grad enabled): a
+  :class:`torch.autograd.Function` whose forward runs the blocks without recording anything
+  and whose backward recomputes each block with autograd and back-propagates through it at
+  once, so no ``(H, K, D)`` activation of any step is stored across an unroll. It saves
+  memory, not time (measured in ``BENCHMARKS.md``), so meta-training uses **plain** by
+  default.
+* **plain**: the function called directly, with autograd when it records (meta-training):
+  the reference.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+
+from .equations import SCALARS, nnsghmc_update
 
 __all__ = ["StepArgs", "PATHS", "run", "compile_unavailable", "wait_for_compiles"]
 
@@ -73,12 +77,6 @@ class StepArgs(NamedTuple):
         )  # fmt: skip
 
 
-def _update() -> Callable:
-    from .nnsghmc import nnsghmc_update  # local: nnsghmc imports this module
-
-    return nnsghmc_update
-
-
 def _column_blocks(args: StepArgs) -> list[slice]:
     rows, width = args.p.shape[0], args.p.shape[-1]
     cols = max(1, _BLOCK_COORDS // max(rows, 1))
@@ -100,11 +98,10 @@ def _join(parts: list[tuple]) -> tuple:
 
 def run_blocks(args: StepArgs) -> tuple:
     """:func:`nnsghmc_update` block by block (for calls that record no autograd graph)."""
-    update = _update()
     blocks = _column_blocks(args)
     if len(blocks) == 1:
-        return update(*args)
-    return _join([update(*args.columns(cols)) for cols in blocks])
+        return nnsghmc_update(*args)
+    return _join([nnsghmc_update(*args.columns(cols)) for cols in blocks])
 
 
 # -- recomputing backward ------------------------------------------------------------------------
@@ -156,7 +153,6 @@ class _Recomputed(torch.autograd.Function):
         grads: list[Tensor | None] = [
             torch.zeros_like(t) if w else None for t, w in zip(tensors, wanted, strict=True)
         ]
-        update = _update()
         for cols in _column_blocks(args):
             block = args.columns(cols)
             flat, rebuild = _flatten(block)
@@ -165,7 +161,7 @@ class _Recomputed(torch.autograd.Function):
                 for t, w in zip(flat, wanted, strict=True)
             ]
             with torch.enable_grad():
-                theta, p, _, cache = update(*rebuild(leaves))
+                theta, p, _, cache = nnsghmc_update(*rebuild(leaves))
             outputs = [theta, p] + ([] if cache is None else list(cache[1:]))
             upstream = grad_out[:2] + grad_out[3:]  # (check has none)
             pairs = [
@@ -205,7 +201,6 @@ def run_recompute(args: StepArgs) -> tuple:
 
 
 # -- compiled --------------------------------------------------------------------------------
-_SCALAR_ORDER: tuple[str, ...] = ()
 _KERNELS: dict[tuple, Callable] = {}
 _STATUS: dict[tuple, str] = {}  # "compiling" | "ready" | "failed"
 _THREADS: dict[tuple, threading.Thread] = {}
@@ -233,17 +228,13 @@ def compile_unavailable(device: torch.device) -> str | None:
 def _entry(theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, scalars, cfg):
     """What is compiled: :func:`nnsghmc_update` with its scalars in one tensor (a Python float
     would be specialised: a new compile for every step size of a schedule)."""
-    v = dict(zip(_SCALAR_ORDER, scalars.unbind(0), strict=True))
-    return _update()(theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, cfg)
+    v = dict(zip(SCALARS, scalars.unbind(0), strict=True))
+    return nnsghmc_update(theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, cfg)
 
 
 def _kernel_args(args: StepArgs) -> tuple:
     """Compiled-call arguments: scalars as a tensor, the per-chain energy at full size (a
     ``(K, 1)`` operand would split the fused loop in two), every dimension dynamic."""
-    global _SCALAR_ORDER
-    from .nnsghmc import SCALARS
-
-    _SCALAR_ORDER = SCALARS
     p = args.p
     scalars = torch.tensor([float(args.v[k]) for k in SCALARS], dtype=p.dtype, device=p.device)
 
@@ -267,7 +258,8 @@ def _key(args: StepArgs) -> tuple:
         w.shape[0] for w, _ in args.d_net[0]
     )
     return (args.cfg, widths, args.p.dtype, args.p.device.type, args.prior_grad is not None,
-            args.noise is not None, args.cache is not None, torch.get_num_threads())  # fmt: skip
+            args.noise is not None, args.cache is not None, torch.get_num_threads(),
+            torch.is_grad_enabled())  # fmt: skip
 
 
 def _kernel(key: tuple) -> Callable:
@@ -282,9 +274,9 @@ def _kernel(key: tuple) -> Callable:
     return fn
 
 
-def _compile(key: tuple, kernel_args: tuple) -> None:
+def _compile(key: tuple, kernel_args: tuple, recording: bool) -> None:
     try:
-        with torch.no_grad():
+        with torch.set_grad_enabled(recording):
             _kernel(key)(*kernel_args)
         _STATUS[key] = "ready"
     except Exception as err:  # no compiler, unsupported op, ...: stay on the eager step
@@ -308,7 +300,10 @@ def run_compiled(args: StepArgs, wait: bool) -> tuple | None:
         if key not in _THREADS:
             _STATUS[key] = "compiling"
             thread = threading.Thread(
-                target=_compile, args=(key, _kernel_args(args)), daemon=True, name="nnsghmc-compile"
+                target=_compile,
+                args=(key, _kernel_args(args), torch.is_grad_enabled()),
+                daemon=True,
+                name="nnsghmc-compile",
             )
             _THREADS[key] = thread
             thread.start()
@@ -334,15 +329,21 @@ def _notice(reason: str) -> None:
 # -- dispatch ----------------------------------------------------------------------------------
 def run(args: StepArgs, sampler: Any) -> tuple:
     """One step by the fastest correct path for this call (``sampler.step_path`` forces one)."""
-    path = getattr(sampler, "step_path", "auto")
+    path = sampler.step_path
+    if path not in PATHS:
+        raise ValueError(f"step_path must be one of {PATHS}, got {path!r}")
     if path == "plain":
-        return _update()(*args)
+        return nnsghmc_update(*args)
     tensors, _ = _flatten(args)
     recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    if path == "recompute" or (path == "auto" and recording and args.cfg.detach):
+    if path == "recompute":
         return run_recompute(args)
-    if recording:  # second-order meta-gradients: autograd through the plain function
-        return _update()(*args)
+    if recording and path == "compiled":  # experimental: inductor's joint forward/backward
+        return run_compiled(args, wait=True) or nnsghmc_update(*args)
+    if recording:
+        # Measured (bench/bench_nnsghmc_overhead.py): in eager mode the recomputing backward
+        # costs more time than it saves memory traffic, so meta-training uses plain autograd.
+        return nnsghmc_update(*args)
     use = sampler.use_compile
     if use is None and os.environ.get("METASAMPLER_COMPILE") in ("0", "1"):
         use = os.environ["METASAMPLER_COMPILE"] == "1"
