@@ -258,8 +258,7 @@ def _key(args: StepArgs) -> tuple:
         w.shape[0] for w, _ in args.d_net[0]
     )
     return (args.cfg, widths, args.p.dtype, args.p.device.type, args.prior_grad is not None,
-            args.noise is not None, args.cache is not None, torch.get_num_threads(),
-            torch.is_grad_enabled())  # fmt: skip
+            args.noise is not None, args.cache is not None, torch.get_num_threads())  # fmt: skip
 
 
 def _kernel(key: tuple) -> Callable:
@@ -274,9 +273,9 @@ def _kernel(key: tuple) -> Callable:
     return fn
 
 
-def _compile(key: tuple, kernel_args: tuple, recording: bool) -> None:
+def _compile(key: tuple, kernel_args: tuple) -> None:
     try:
-        with torch.set_grad_enabled(recording):
+        with torch.no_grad():
             _kernel(key)(*kernel_args)
         _STATUS[key] = "ready"
     except Exception as err:  # no compiler, unsupported op, ...: stay on the eager step
@@ -301,7 +300,7 @@ def run_compiled(args: StepArgs, wait: bool) -> tuple | None:
             _STATUS[key] = "compiling"
             thread = threading.Thread(
                 target=_compile,
-                args=(key, _kernel_args(args), torch.is_grad_enabled()),
+                args=(key, _kernel_args(args)),
                 daemon=True,
                 name="nnsghmc-compile",
             )
@@ -338,8 +337,6 @@ def run(args: StepArgs, sampler: Any) -> tuple:
     recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     if path == "recompute":
         return run_recompute(args)
-    if recording and path == "compiled":  # experimental: inductor's joint forward/backward
-        return run_compiled(args, wait=True) or nnsghmc_update(*args)
     if recording:
         # Measured (bench/bench_nnsghmc_overhead.py): in eager mode the recomputing backward
         # costs more time than it saves memory traffic, so meta-training uses plain autograd.

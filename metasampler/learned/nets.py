@@ -35,7 +35,7 @@ OUTPUTS = ("identity", "softplus", "abs")
 NetParams = tuple[tuple[tuple[Tensor, Tensor], ...], tuple[Tensor, Tensor]]
 # Under torch.compile, one-layer nets up to this width are evaluated unit by unit (fastest
 # fused loop; compile time grows with the width, so wider nets keep the units as one axis).
-UNROLL_MAX_HIDDEN = 64
+UNROLL_MAX_HIDDEN = 16
 
 # Eigen's rational approximation of tanh on float32 (``ptanh_float``): relative error within a
 # few ulp everywhere, also near 0. Inductor's own vectorised tanh is about 4x slower than this

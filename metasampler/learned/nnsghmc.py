@@ -45,6 +45,11 @@ in meta-training and evaluation::
 
 Reduction: ``f_phiQ ≡ 0, beta_off = 1, alpha = 0, s_D = 0, c = C`` is exactly SGHMC with
 friction ``C``.
+
+Code: these equations are written once, in :mod:`metasampler.learned.equations` (pure
+functions); :mod:`metasampler.learned.fast` chooses how a step runs them (compiled in the
+background, in cache-sized blocks, with autograd); this module holds the sampler's inputs,
+constants and protocol.
 """
 
 from __future__ import annotations
