@@ -88,30 +88,27 @@ def brute_force_gamma(sampler: NNSGHMC, target, theta: torch.Tensor, p: torch.Te
     return torch.einsum("ijj->i", jac)
 
 
-@pytest.mark.parametrize("hidden", [(8,), (8, 6)])
-def test_exact_gamma_equals_brute_force_jacobian(hidden):
-    torch.manual_seed(0)
-    target = SplitPriorTarget()
-    sampler = NNSGHMC(
-        eta=0.05,
-        beta_off=0.5,
-        alpha=0.3,
-        c=0.1,
-        q_hidden=hidden,
-        d_hidden=(7,),
-        energy_input_scale=0.7,
-        grad_input_scale=1.3,
-        seed=2,
-    ).double()
-    # Non-trivial input statistics and prior scaling: every factor must enter the chain rule.
+def split_prior_sampler(**kwargs) -> NNSGHMC:
+    """A float64 sampler with non-trivial statistics for :class:`SplitPriorTarget`."""
+    settings = dict(eta=0.05, beta_off=0.5, alpha=0.3, c=0.1, q_hidden=(8,), d_hidden=(7,))
+    sampler = NNSGHMC(seed=2, **{**settings, **kwargs}).double()
     sampler.momentum_std.fill_(1.7)
     sampler.grad_std.fill_(0.6)
-    sampler.energy_loc.fill_(0.2)
-    sampler.energy_std.fill_(2.0)
     sampler.train_dim.fill_(6)
     with torch.no_grad():
         for param in sampler.parameters():
             param.mul_(2.0)
+    return sampler
+
+
+@pytest.mark.parametrize("hidden", [(8,), (8, 6)])
+def test_exact_gamma_equals_brute_force_jacobian(hidden):
+    torch.manual_seed(0)
+    target = SplitPriorTarget()
+    # Non-trivial input statistics and prior scaling: every factor must enter the chain rule.
+    sampler = split_prior_sampler(q_hidden=hidden, energy_input_scale=0.7, grad_input_scale=1.3)
+    sampler.energy_loc.fill_(0.2)
+    sampler.energy_std.fill_(2.0)
     for _ in range(3):
         theta = torch.randn(1, 3, dtype=torch.float64)
         p = torch.randn(1, 3, dtype=torch.float64)
@@ -352,19 +349,6 @@ def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma):
 
 
 # -- d_clamp, grad_input, friction_units (issue #11 item 2) --------------------------------------
-def split_prior_sampler(**kwargs) -> NNSGHMC:
-    """A float64 sampler with non-trivial statistics for :class:`SplitPriorTarget`."""
-    settings = dict(eta=0.05, beta_off=0.5, alpha=0.3, c=0.1, q_hidden=(8,), d_hidden=(7,))
-    sampler = NNSGHMC(seed=2, **{**settings, **kwargs}).double()
-    sampler.momentum_std.fill_(1.7)
-    sampler.grad_std.fill_(0.6)
-    sampler.train_dim.fill_(6)
-    with torch.no_grad():
-        for param in sampler.parameters():
-            param.mul_(2.0)
-    return sampler
-
-
 @pytest.mark.parametrize("friction_units", ["absolute", "per_step"])
 def test_exact_gamma_of_the_clamped_friction_equals_brute_force_jacobian(friction_units):
     target = SplitPriorTarget()

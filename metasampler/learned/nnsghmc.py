@@ -298,8 +298,8 @@ class NNSGHMC(nn.Module, Sampler):
         """``Q_f`` and ``D_f`` at given standardised net inputs (e.g. for plots); ``eta``
         (default: the sampler's, else 1) matters only with ``friction_units="per_step"``."""
         eta = eta if eta is not None else (self.eta if self.eta is not None else 1.0)
-        v = {**self._scalars(_UnitTarget, eta, self.temperature)}
-        cfg = self._config("none", detach=False)
+        v = self._scalars(_UnitTarget, eta, self.temperature)
+        cfg = self._config("none", detach=False)  # no Gamma: its gradient input `du` is unused
         q, d, _, _ = nnsghmc_coefficients(u, p_hat, g_hat, g_hat, *self._nets(p_hat.dtype), v, cfg)
         return q, d
 
