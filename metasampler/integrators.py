@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "complete_recipe_momentum",
+    "complete_recipe_position",
     "gaussian_like",
     "langevin_step",
     "sghmc_step",
@@ -68,6 +70,45 @@ def sghmc_step(
         std = math.sqrt(2.0 * eta * (friction - noise_estimate) * temperature)
         new_p = new_p + gaussian_like(momentum, generator, std)
     return theta + eta * new_p, new_p
+
+
+def complete_recipe_momentum(
+    momentum: Tensor,
+    grad: Tensor,
+    curl: Tensor,
+    diffusion: Tensor,
+    gamma_p: Tensor | None,
+    noise: Tensor | None,
+    eta: float | Tensor,
+    temperature: float | Tensor,
+) -> Tensor:
+    """Momentum half of the modified Euler step of a diagonal complete recipe (NNSGHMC,
+    Gong et al. 2019 eq. 7) with per-coordinate curl ``Q`` and friction ``D``:
+    ``p <- (1 - eta D) p - eta Q grad + eta T Gamma_p + sqrt(2 eta T D) xi``; ``noise`` is
+    ``xi ~ N(0, I)`` (``None``: no noise), ``gamma_p`` ``None``: no Gamma term."""
+    new_p = (1.0 - eta * diffusion) * momentum - eta * curl * grad
+    if gamma_p is not None:
+        new_p = new_p + (eta * temperature) * gamma_p
+    if noise is not None:
+        # D below 1e-20 counts as 0 inside the root, so its gradient stays finite
+        new_p = new_p + noise * torch.sqrt((2.0 * eta * temperature) * diffusion.clamp_min(1e-20))
+    return new_p
+
+
+def complete_recipe_position(
+    theta: Tensor,
+    new_momentum: Tensor,
+    curl: Tensor,
+    gamma_theta: Tensor | None,
+    eta: float | Tensor,
+    temperature: float | Tensor,
+) -> Tensor:
+    """Position half: ``theta <- theta + eta Q(z~) p_{t+1} + eta T Gamma_theta(z~)`` with
+    ``z~ = (theta_t, p_{t+1})``."""
+    new_theta = theta + eta * curl * new_momentum
+    if gamma_theta is not None:
+        new_theta = new_theta + (eta * temperature) * gamma_theta
+    return new_theta
 
 
 def _thermostat_update(momentum: Tensor, temperature: float, multivariate: bool) -> Tensor:

@@ -75,9 +75,7 @@ def plot_sampler_nets(sampler, energy_range=(0.0, 20.0), momentum_range=(-3.0, 3
     scale = sampler.energy_input_scale / float(sampler.energy_std)
     u = ((energy - float(sampler.energy_loc)) * scale).unsqueeze(-1)  # (n, 1): rows = U
     p_hat = (momentum / float(sampler.momentum_std)).expand(n, n)  # columns = p
-    q, _, _ = sampler._curl(u, p_hat, False)
-    fd, _ = sampler._diffusion_net(u, p_hat, torch.zeros_like(p_hat), False)
-    d = sampler.alpha * q * q + fd + sampler.c
+    q, d = sampler.coefficients(u, p_hat, torch.zeros_like(p_hat))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     for ax, values, title in ((axes[0], q, "Q_f(U, p)"), (axes[1], d, "D_f(U, p, grad U = 0)")):
         mesh = ax.contourf(

@@ -88,30 +88,27 @@ def brute_force_gamma(sampler: NNSGHMC, target, theta: torch.Tensor, p: torch.Te
     return torch.einsum("ijj->i", jac)
 
 
-@pytest.mark.parametrize("hidden", [(8,), (8, 6)])
-def test_exact_gamma_equals_brute_force_jacobian(hidden):
-    torch.manual_seed(0)
-    target = SplitPriorTarget()
-    sampler = NNSGHMC(
-        eta=0.05,
-        beta_off=0.5,
-        alpha=0.3,
-        c=0.1,
-        q_hidden=hidden,
-        d_hidden=(7,),
-        energy_input_scale=0.7,
-        grad_input_scale=1.3,
-        seed=2,
-    ).double()
-    # Non-trivial input statistics and prior scaling: every factor must enter the chain rule.
+def split_prior_sampler(**kwargs) -> NNSGHMC:
+    """A float64 sampler with non-trivial statistics for :class:`SplitPriorTarget`."""
+    settings = dict(eta=0.05, beta_off=0.5, alpha=0.3, c=0.1, q_hidden=(8,), d_hidden=(7,))
+    sampler = NNSGHMC(seed=2, **{**settings, **kwargs}).double()
     sampler.momentum_std.fill_(1.7)
     sampler.grad_std.fill_(0.6)
-    sampler.energy_loc.fill_(0.2)
-    sampler.energy_std.fill_(2.0)
     sampler.train_dim.fill_(6)
     with torch.no_grad():
         for param in sampler.parameters():
             param.mul_(2.0)
+    return sampler
+
+
+@pytest.mark.parametrize("hidden", [(8,), (8, 6)])
+def test_exact_gamma_equals_brute_force_jacobian(hidden):
+    torch.manual_seed(0)
+    target = SplitPriorTarget()
+    # Non-trivial input statistics and prior scaling: every factor must enter the chain rule.
+    sampler = split_prior_sampler(q_hidden=hidden, energy_input_scale=0.7, grad_input_scale=1.3)
+    sampler.energy_loc.fill_(0.2)
+    sampler.energy_std.fill_(2.0)
     for _ in range(3):
         theta = torch.randn(1, 3, dtype=torch.float64)
         p = torch.randn(1, 3, dtype=torch.float64)
@@ -243,36 +240,115 @@ def test_bad_arguments_raise_value_errors():
         NNSGHMC(eta=-0.1)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
-def test_compiled_sampling_step_matches_the_eager_step(gamma):
-    # compile=True fuses the coefficient computations with torch.compile (inductor); it must
-    # give the eager trajectory up to float32 rounding, and must not have fallen back.
-    target, _ = quadratic_target(noise=0.5)
-    init = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
-    kwargs = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2)
-    eager = strongly_state_dependent(gamma, scale=1.5, **kwargs)
-    compiled = strongly_state_dependent(gamma, scale=1.5, compile=True, **kwargs)
-    expected = ms.sample(eager, target, 8, 30, init=init, seed=2, progress=False).theta
-    got = ms.sample(compiled, target, 8, 30, init=init, seed=2, progress=False).theta
-    assert compiled.use_compile  # a failed compile falls back to eager and clears the flag
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+# -- one step function, several ways to run it (issue #12) ------------------------------------
+def run_path(sampler, path, target, init, n_steps=4, grad=False, seed=2):
+    """``n_steps`` steps through ``fast`` path ``path``; returns the states' (theta, p)."""
+    sampler.step_path = path
+    gen = torch.Generator().manual_seed(seed)
+    with torch.set_grad_enabled(grad):
+        state = sampler.init(init.clone(), target, gen)
+        for _ in range(n_steps):
+            state = sampler.step(state, target, gen)
+    return state
 
 
-# -- d_clamp, grad_input, friction_units (issue #11 item 2) --------------------------------------
-def split_prior_sampler(**kwargs) -> NNSGHMC:
-    """A float64 sampler with non-trivial statistics for :class:`SplitPriorTarget`."""
-    settings = dict(eta=0.05, beta_off=0.5, alpha=0.3, c=0.1, q_hidden=(8,), d_hidden=(7,))
-    sampler = NNSGHMC(seed=2, **{**settings, **kwargs}).double()
-    sampler.momentum_std.fill_(1.7)
-    sampler.grad_std.fill_(0.6)
-    sampler.train_dim.fill_(6)
+def path_sampler(hidden, gamma, **kwargs) -> NNSGHMC:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sampler = NNSGHMC(q_hidden=hidden, d_hidden=hidden, gamma=gamma, seed=1, **kwargs)
     with torch.no_grad():
-        for param in sampler.parameters():
-            param.mul_(2.0)
+        for p in sampler.parameters():
+            p.mul_(2.0)
+    sampler.momentum_std.fill_(1.3)
+    sampler.train_dim.fill_(3)  # r != 1: the prior gradient enters the energy input
     return sampler
 
 
+@pytest.mark.parametrize("hidden", [(6,), (5, 4)])
+@pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_plain_blocked_and_recomputed_steps_agree(hidden, gamma, temperature, monkeypatch):
+    from metasampler.learned import fast
+
+    monkeypatch.setattr(fast, "_BLOCK_COORDS", 8)  # several column blocks of 2 coordinates
+    target = SplitPriorTarget()
+    init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    kwargs = dict(eta=0.05, beta_off=0.5, alpha=0.2, c=0.1, temperature=temperature)
+    states = {}
+    for path, grad in (("plain", False), ("blocks", False), ("recompute", True)):
+        sampler = path_sampler(hidden, gamma, **kwargs).double()
+        states[path] = run_path(sampler, path, target, init, grad=grad)
+    ref = states["plain"]
+    assert ref.theta.std() > 0
+    for path in ("blocks", "recompute"):
+        torch.testing.assert_close(states[path].theta.detach(), ref.theta, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(states[path].momentum.detach(), ref.momentum)
+
+
+@pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
+@pytest.mark.parametrize("detach", [True, False])
+def test_recomputing_backward_equals_autograd_and_finite_differences(gamma, detach, monkeypatch):
+    # The meta-gradient of a 5-step unroll through the recomputing backward equals autograd
+    # through the plain function; with undetached inputs (the exact gradient of the loss) it
+    # also equals finite differences of the loss.
+    from metasampler.learned import fast
+
+    monkeypatch.setattr(fast, "_BLOCK_COORDS", 8)
+    target = SplitPriorTarget()
+    init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    kwargs = dict(eta=0.05, beta_off=0.5, alpha=0.2, c=0.1, detach_inputs=detach)
+    sampler = path_sampler((5, 4), gamma, **kwargs).double()
+
+    def loss(path: str) -> torch.Tensor:
+        state = run_path(sampler, path, target, init, n_steps=5, grad=True)
+        return (state.theta**2).mean() + (state.momentum**3).mean()
+
+    params = list(sampler.parameters())
+    grads = {}
+    for path in ("plain", "recompute"):
+        grads[path] = torch.autograd.grad(loss(path), params)
+    for got, expected in zip(grads["recompute"], grads["plain"], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    assert any(g.abs().sum() > 0 for g in grads["recompute"])
+    if detach:
+        return
+    # Finite differences on a few weights of each net.
+    with torch.no_grad():
+        for param, grad in zip(params, grads["recompute"], strict=True):
+            flat, gflat = param.view(-1), grad.view(-1)
+            for i in range(min(2, flat.numel())):
+                old = float(flat[i])
+                flat[i] = old + 1e-6
+                up = float(loss("plain"))
+                flat[i] = old - 1e-6
+                down = float(loss("plain"))
+                flat[i] = old
+                assert abs((up - down) / 2e-6 - float(gflat[i])) < 1e-6 + 1e-5 * abs(gflat[i])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("hidden", "gamma"), [((4,), "exact"), ((4,), "finite_difference"), ((3, 3), "exact")]
+)
+def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma):
+    # compile=True runs the same step function through torch.compile (inductor); it must
+    # give the eager trajectory up to float32 rounding, and must not have fallen back.
+    from metasampler.learned import fast
+
+    if fast.compile_unavailable(torch.device("cpu")):
+        pytest.skip("no compiler for torch.compile")
+    target, _ = quadratic_target(noise=0.5)
+    init = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
+    kwargs = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2)
+    eager = path_sampler(hidden, gamma, compile=False, **kwargs)
+    compiled = path_sampler(hidden, gamma, compile=True, **kwargs)
+    expected = run_path(eager, "auto", target, init, n_steps=30)
+    got = run_path(compiled, "compiled", target, init, n_steps=30)
+    assert fast._STATUS and all(s == "ready" for s in fast._STATUS.values())
+    torch.testing.assert_close(got.theta, expected.theta, atol=1e-4, rtol=1e-4)
+
+
+# -- d_clamp, grad_input, friction_units (issue #11 item 2) --------------------------------------
 @pytest.mark.parametrize("friction_units", ["absolute", "per_step"])
 def test_exact_gamma_of_the_clamped_friction_equals_brute_force_jacobian(friction_units):
     target = SplitPriorTarget()
@@ -363,3 +439,65 @@ def test_stationarity_with_binding_friction_clamp(gamma):
     theta = ms.sample(sampler, target, 200, 300, seed=1, progress=False).theta[-1]
     d = sampler.drift_terms(theta, torch.randn(theta.shape), target).d
     assert 0.2 < float((d == 1.0).double().mean()) < 0.8  # the clamp really binds
+
+
+def test_default_compiles_in_the_background_and_switches_when_ready(monkeypatch):
+    # The dispatch without inductor: `_kernel` stands in with the uncompiled entry point, and
+    # the background thread is held until the first step has run eagerly.
+    import threading
+
+    from metasampler.learned import fast
+
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
+    for name in ("_STATUS", "_THREADS", "_KERNELS"):
+        monkeypatch.setattr(fast, name, {})
+    release, calls = threading.Event(), []
+
+    def kernel(key):
+        def run(*args):
+            if threading.current_thread() is not threading.main_thread():
+                release.wait(10)
+            calls.append(threading.current_thread().name)
+            return fast._entry(*args)
+
+        return run
+
+    monkeypatch.setattr(fast, "_kernel", kernel)
+    target, _ = quadratic_target(noise=0.5)
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2)
+    reference = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=False)
+    gen, ref_gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        state = sampler.init(init.clone(), target, gen)
+        ref = reference.init(init.clone(), target, ref_gen)
+        state = sampler.step(state, target, gen)  # does not wait for the compile
+        ref = reference.step(ref, target, ref_gen)
+        assert calls == [] and list(fast._STATUS.values()) == ["compiling"]
+        release.set()
+        fast.wait_for_compiles(10)
+        assert list(fast._STATUS.values()) == ["ready"]
+        for _ in range(3):
+            state = sampler.step(state, target, gen)
+            ref = reference.step(ref, target, ref_gen)
+    assert calls.count("MainThread") == 3 and calls.count("nnsghmc-compile") == 1
+    torch.testing.assert_close(state.theta, ref.theta)
+
+
+def test_without_a_compiler_the_eager_step_runs_after_a_notice(monkeypatch, capsys):
+    from metasampler.learned import fast
+
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast.shutil, "which", lambda name: None)
+    monkeypatch.setattr(fast, "_NOTICE_GIVEN", False)
+    monkeypatch.setattr(fast, "_THREADS", {})
+    target, _ = quadratic_target()
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2)
+    reference = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=False)
+    got = ms.sample(sampler, target, 4, 5, init=init, seed=0, progress=False).theta
+    expected = ms.sample(reference, target, 4, 5, init=init, seed=0, progress=False).theta
+    assert torch.equal(got, expected) and fast._THREADS == {}
+    err = capsys.readouterr().err
+    assert err.count("metasampler: NNSGHMC runs its eager step (no C++ compiler") == 1

@@ -1,0 +1,153 @@
+"""The NNSGHMC equations (see :mod:`metasampler.learned.nnsghmc` for them in full), written
+once as pure, out-of-place functions of the coordinates: :func:`nnsghmc_coefficients`
+(nets -> ``Q_f``, ``D_f``, exact or finite-difference ``Gamma``) and :func:`nnsghmc_update`
+(the modified Euler step). Sampling, meta-training, ``drift_terms`` and every fast path
+(:mod:`metasampler.learned.fast`) evaluate these and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..integrators import complete_recipe_momentum, complete_recipe_position
+from .nets import NetParams, coordinate_mlp
+
+__all__ = ["SCALARS", "StepConfig", "nnsghmc_coefficients", "nnsghmc_update"]
+
+# Secant denominators smaller than this (in standardised input units) give a zero derivative.
+_FD_MIN_STEP = 1e-4
+#: Names of the scalars of :func:`nnsghmc_update` (floats, or 0-d tensors when compiled).
+SCALARS = (
+    "eta", "temperature", "inv_sp", "g_scale", "du_scale", "prior_w", "alpha", "c", "s_d",
+    "q_clamp", "beta_off", "d_clamp",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """The switches :func:`nnsghmc_update` branches on (static under ``torch.compile``)."""
+
+    activation: str
+    d_output: str
+    gamma: str  # "exact" | "finite_difference" | "none" (also: no noise, T = 0)
+    per_step: bool  # friction_units == "per_step"
+    clamp_d: bool  # d_clamp is set
+    detach: bool  # stop-gradient net inputs
+
+
+# -- the NNSGHMC equations, written once ------------------------------------------------------
+def _secant(numerator: Tensor, denominator: Tensor) -> Tensor:
+    """``numerator / denominator`` where ``|denominator| >= _FD_MIN_STEP``, else 0 (no NaN/Inf,
+    also in the backward pass)."""
+    ok = denominator.abs() >= _FD_MIN_STEP
+    return torch.where(ok, numerator / torch.where(ok, denominator, 1.0), 0.0)
+
+
+def _curl(q_net: NetParams, u: Tensor, p_hat: Tensor, v, cfg: StepConfig, wrt: Sequence[int]):
+    """``Q_f = beta_off + clamp(f_phiQ(u, p_hat))`` and ``dQ_f / d(u, p_hat)[wrt]``."""
+    raw, grads = coordinate_mlp(q_net, [u, p_hat], cfg.activation, "identity", wrt)
+    inside = raw.abs() < v["q_clamp"]
+    q = raw.clamp(-v["q_clamp"], v["q_clamp"]) + v["beta_off"]
+    return q, [torch.where(inside, g, 0.0) for g in grads]
+
+
+def nnsghmc_coefficients(
+    u: Tensor,
+    p_hat: Tensor,
+    g_hat: Tensor,
+    du: Tensor,
+    q_net: NetParams,
+    d_net: NetParams,
+    v: Mapping[str, float | Tensor],
+    cfg: StepConfig,
+    cache: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """``Q_f``, ``D_f``, ``Gamma_p`` and ``dQ_f/dp_hat`` at ``z`` from the net inputs.
+
+    ``Gamma_p`` is exact (the nets' chain rule) or, for finite differences, from the previous
+    step's ``cache = (u, Q_f(z~), p_hat, dQ_f/dp_hat(z~))`` (``None`` without history: no
+    Gamma on the first step); ``None`` for ``gamma="none"``.
+    """
+    exact = cfg.gamma == "exact"
+    q, dq = _curl(q_net, u, p_hat, v, cfg, (0, 1) if exact else ())
+    fd, dfd = coordinate_mlp(
+        d_net, [u, p_hat, g_hat], cfg.activation, cfg.d_output, (1,) if exact else ()
+    )
+    d = v["alpha"] * q * q + v["s_d"] * fd + v["c"]
+    # dD_f/dD_raw: 1/eta in per-step units, 0 where the clamp binds (Gamma of the clamped D_f)
+    factor = 1.0
+    if cfg.per_step:
+        d = d / v["eta"]
+        factor = 1.0 / v["eta"]
+    if cfg.clamp_d:
+        factor = torch.where(d < v["d_clamp"], factor, 0.0)
+        d = torch.minimum(d, torch.as_tensor(v["d_clamp"], dtype=d.dtype))
+    if exact:
+        (dq_du, dq_dph), dfd_dph = dq, dfd[0]
+    elif cfg.gamma == "finite_difference" and cache is not None:
+        u_prev, q_prev, p_hat_prev, dq_dph = cache  # dQ_f/dp: last step's secant (004 eq. 22)
+        # d f_Q/du ~ (f_Q(u_t, p_t) - f_Q(u_{t-1}, p_t)) / (u_t - u_{t-1}): the second value
+        # is the previous step's Q(z~); d f_D/dp a secant at fixed (u_t, g_t).
+        dq_du = _secant(q - q_prev, u - u_prev)
+        fd_prev, _ = coordinate_mlp(d_net, [u, p_hat_prev, g_hat], cfg.activation, cfg.d_output)
+        dfd_dph = _secant(fd - fd_prev, p_hat - p_hat_prev)
+    else:
+        return q, d, None, None
+    dd_dph = factor * (v["s_d"] * dfd_dph + 2.0 * v["alpha"] * q * dq_dph)
+    return q, d, dq_du * du + dd_dph * v["inv_sp"], dq_dph
+
+
+def nnsghmc_update(
+    theta: Tensor,
+    p: Tensor,
+    grad: Tensor,
+    prior_grad: Tensor | None,
+    u: Tensor,
+    noise: Tensor | None,
+    cache: tuple[Tensor, Tensor, Tensor, Tensor] | None,
+    q_net: NetParams,
+    d_net: NetParams,
+    v: Mapping[str, float | Tensor],
+    cfg: StepConfig,
+) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor] | None]:
+    """One NNSGHMC step (modified Euler), pure and element-wise over the coordinates.
+
+    Args:
+        theta, p, grad: ``(K, D)`` position, momentum and ``grad Ũ(theta)``.
+        prior_grad: the prior's gradient (``None`` when ``r = 1``: it has weight 0).
+        u: standardised energy input, ``(K, 1)`` or expanded.
+        noise: ``N(0, I)`` draws ``(K, D)`` (``None`` at ``T = 0``).
+        cache: finite-difference history (see :func:`nnsghmc_coefficients`).
+        q_net, d_net: the nets' weights; v: the scalars ``SCALARS``; cfg: the switches.
+
+    Returns:
+        ``(theta_{t+1}, p_{t+1}, sum(Q_f) + sum(D_f), new cache)``; the sum is for a cheap
+        finiteness check, the cache ``None`` unless ``cfg.gamma == "finite_difference"``.
+    """
+    p_hat = p * v["inv_sp"]
+    g_hat = grad * v["g_scale"]
+    du = grad if prior_grad is None else grad - v["prior_w"] * prior_grad
+    du = du * v["du_scale"]
+    if cfg.detach:
+        u, p_hat, g_hat = u.detach(), p_hat.detach(), g_hat.detach()
+    q, d, gamma_p, _ = nnsghmc_coefficients(u, p_hat, g_hat, du, q_net, d_net, v, cfg, cache)
+    eta, temperature = v["eta"], v["temperature"]
+    new_p = complete_recipe_momentum(p, grad, q, d, gamma_p, noise, eta, temperature)
+    new_p_hat = new_p * v["inv_sp"]
+    if cfg.detach:
+        new_p_hat = new_p_hat.detach()
+    exact = cfg.gamma == "exact"
+    q_tilde, dq = _curl(q_net, u, new_p_hat, v, cfg, (1,) if exact else ())
+    new_cache = None
+    if exact:
+        dqt_dph = dq[0]
+    elif cfg.gamma == "finite_difference":
+        dqt_dph = _secant(q_tilde - q, new_p_hat - p_hat)
+        new_cache = (u, q_tilde, p_hat, dqt_dph)
+    gamma_theta = None if cfg.gamma == "none" else -dqt_dph * v["inv_sp"]
+    new_theta = complete_recipe_position(theta, new_p, q_tilde, gamma_theta, eta, temperature)
+    return new_theta, new_p, q.sum() + d.sum(), new_cache

@@ -1,0 +1,355 @@
+"""How one NNSGHMC step is executed: transformations of :func:`nnsghmc_update`, no copies.
+
+The step is one pure, element-wise function of the coordinates
+(:func:`metasampler.learned.equations.nnsghmc_update`). This module only decides how to run it:
+
+* **compiled** (sampling, the default where the machine allows it): ``torch.compile`` of
+  that function, fused by inductor into one loop over the coordinates. It is compiled in a
+  background thread on the first step while the eager form runs, and used from the step
+  after it is ready, so a user's first step never waits for the compiler. Without a C++
+  compiler (CPU) or triton (CUDA) the eager form runs, after a one-line notice. The switch
+  changes results at float-rounding level at a step that depends on the machine; for
+  bit-reproducible runs pass ``compile=True`` (wait for it) or ``False``, or set the
+  environment variable ``METASAMPLER_COMPILE`` to ``1`` or ``0``.
+* **blocks** (sampling, eager): the function on blocks of columns whose ``(H, K, cols)``
+  hidden activations stay in cache; same values as one call.
+* **recompute** (``step_path="recompute"``, grad enabled): a
+  :class:`torch.autograd.Function` whose forward runs the blocks without recording anything
+  and whose backward recomputes each block with autograd and back-propagates through it at
+  once, so no ``(H, K, D)`` activation of any step is stored across an unroll. It saves
+  memory, not time (measured in ``BENCHMARKS.md``), so meta-training uses **plain** by
+  default.
+* **plain**: the function called directly, with autograd when it records (meta-training):
+  the reference.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .equations import SCALARS, nnsghmc_update
+
+__all__ = ["StepArgs", "PATHS", "run", "compile_unavailable", "wait_for_compiles"]
+
+PATHS = ("auto", "plain", "blocks", "recompute", "compiled")
+# A block holds about this many coordinates (x hidden units per intermediate): ~0.6 MB of
+# float32 per (H, K, cols) tensor for 10 hidden units, which stays in a core's L2 cache.
+_BLOCK_COORDS = 1 << 14
+# The first entries of `_flatten`'s list: theta, p, grad, prior_grad, u, noise, cache x 4.
+_N_COORDS = 10
+
+
+class StepArgs(NamedTuple):
+    """The arguments of :func:`nnsghmc_update`, in its order."""
+
+    theta: Tensor
+    p: Tensor
+    grad: Tensor
+    prior_grad: Tensor | None
+    u: Tensor
+    noise: Tensor | None
+    cache: tuple[Tensor, Tensor, Tensor, Tensor] | None
+    q_net: Any
+    d_net: Any
+    v: dict[str, float]
+    cfg: Any
+
+    def columns(self, cols: slice) -> StepArgs:
+        """The same step restricted to the coordinate columns ``cols``."""
+
+        def cut(x: Tensor | None) -> Tensor | None:
+            return x if x is None or x.shape[-1] == 1 else x[..., cols]
+
+        cache = None if self.cache is None else tuple(cut(x) for x in self.cache)
+        return self._replace(
+            theta=cut(self.theta), p=cut(self.p), grad=cut(self.grad),
+            prior_grad=cut(self.prior_grad), u=cut(self.u), noise=cut(self.noise), cache=cache,
+        )  # fmt: skip
+
+
+def _column_blocks(args: StepArgs) -> list[slice]:
+    rows, width = args.p.shape[0], args.p.shape[-1]
+    cols = max(1, _BLOCK_COORDS // max(rows, 1))
+    return [slice(c, min(width, c + cols)) for c in range(0, width, cols)]
+
+
+def _join(parts: list[tuple]) -> tuple:
+    """Concatenate the per-block results of :func:`nnsghmc_update` along the columns."""
+    theta = torch.cat([r[0] for r in parts], -1)
+    p = torch.cat([r[1] for r in parts], -1)
+    check = sum(r[2] for r in parts)
+    cache = None
+    if parts[0][3] is not None:
+        u = parts[0][3][0]
+        cache = (u if u.shape[-1] == 1 else torch.cat([r[3][0] for r in parts], -1),)
+        cache += tuple(torch.cat([r[3][i] for r in parts], -1) for i in (1, 2, 3))
+    return theta, p, check, cache
+
+
+def run_blocks(args: StepArgs) -> tuple:
+    """:func:`nnsghmc_update` block by block (for calls that record no autograd graph)."""
+    blocks = _column_blocks(args)
+    if len(blocks) == 1:
+        return nnsghmc_update(*args)
+    return _join([nnsghmc_update(*args.columns(cols)) for cols in blocks])
+
+
+# -- recomputing backward ------------------------------------------------------------------------
+def _flatten(args: StepArgs) -> tuple[list[Tensor | None], Callable[[list], StepArgs]]:
+    """The tensors of ``args`` as one list, and how to put a list like it back."""
+    (q_layers, q_head), (d_layers, d_head) = args.q_net, args.d_net
+    cache = list(args.cache) if args.cache is not None else [None] * 4
+    nets = [t for layer in (*q_layers, q_head, *d_layers, d_head) for t in layer]
+    coords = [args.theta, args.p, args.grad, args.prior_grad, args.u, args.noise, *cache]
+
+    def rebuild(tensors: list) -> StepArgs:
+        it = iter(tensors[len(coords) :])
+
+        def net(layers) -> tuple:
+            hidden = tuple((next(it), next(it)) for _ in layers)
+            return hidden, (next(it), next(it))
+
+        q_net, d_net = net(q_layers), net(d_layers)
+        c = tensors[6:10]
+        return args._replace(
+            theta=tensors[0], p=tensors[1], grad=tensors[2], prior_grad=tensors[3],
+            u=tensors[4], noise=tensors[5], cache=None if c[0] is None else tuple(c),
+            q_net=q_net, d_net=d_net,
+        )  # fmt: skip
+
+    return coords + nets, rebuild
+
+
+class _Recomputed(torch.autograd.Function):
+    """``nnsghmc_update`` whose backward recomputes it block by block (see module doc)."""
+
+    @staticmethod
+    def forward(ctx, args: StepArgs, *tensors: Tensor | None):
+        _, rebuild = _flatten(args)
+        ctx.rebuild, ctx.n = rebuild, len(tensors)
+        ctx.save_for_backward(*tensors)
+        with torch.no_grad():
+            theta, p, check, cache = run_blocks(rebuild(list(tensors)))
+        ctx.mark_non_differentiable(check)
+        if cache is None:
+            return theta, p, check
+        return theta, p, check, cache[1], cache[2], cache[3]
+
+    @staticmethod
+    def backward(ctx, *grad_out: Tensor):
+        tensors = list(ctx.saved_tensors)
+        args = ctx.rebuild(tensors)
+        wanted = [t is not None and t.requires_grad for t in tensors]
+        grads: list[Tensor | None] = [
+            torch.zeros_like(t) if w else None for t, w in zip(tensors, wanted, strict=True)
+        ]
+        for cols in _column_blocks(args):
+            block = args.columns(cols)
+            flat, rebuild = _flatten(block)
+            leaves = [
+                t.detach().requires_grad_(w) if t is not None else None
+                for t, w in zip(flat, wanted, strict=True)
+            ]
+            with torch.enable_grad():
+                theta, p, _, cache = nnsghmc_update(*rebuild(leaves))
+            outputs = [theta, p] + ([] if cache is None else list(cache[1:]))
+            upstream = grad_out[:2] + grad_out[3:]  # (check has none)
+            pairs = [
+                (out, g[..., cols])
+                for out, g in zip(outputs, upstream, strict=True)
+                if out.requires_grad
+            ]
+            inputs = [leaf for leaf, w in zip(leaves, wanted, strict=True) if w]
+            if not pairs or not inputs:
+                continue
+            got = torch.autograd.grad(
+                [o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True
+            )
+            it = iter(got)
+            for i, w in enumerate(wanted):
+                if not w:
+                    continue
+                g = next(it)
+                if g is None:
+                    continue
+                if i < _N_COORDS and grads[i].shape[-1] != 1:
+                    grads[i][..., cols] += g  # a coordinate tensor: this block's columns
+                else:
+                    grads[i] += g  # weights, per-chain energy: summed over blocks
+        return (None, *grads)
+
+
+def run_recompute(args: StepArgs) -> tuple:
+    """:func:`nnsghmc_update` with the recomputing backward."""
+    tensors, _ = _flatten(args)
+    out = _Recomputed.apply(args, *tensors)
+    cache = None
+    if len(out) == 6:
+        u = args.u.detach() if args.cfg.detach else args.u
+        cache = (u, out[3], out[4], out[5])
+    return out[0], out[1], out[2], cache
+
+
+# -- compiled --------------------------------------------------------------------------------
+_KERNELS: dict[tuple, Callable] = {}
+_STATUS: dict[tuple, str] = {}  # "compiling" | "ready" | "failed"
+_THREADS: dict[tuple, threading.Thread] = {}
+_LOCK = threading.Lock()
+_NOTICE_GIVEN = False
+
+
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why ``torch.compile`` cannot run the step on ``device``; ``None`` if it can."""
+    if sys.platform == "win32":
+        return "torch.compile's inductor is not set up for Windows here"
+    if device.type == "cpu":
+        if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+            return "no C++ compiler (g++/clang++) on PATH"
+        return None
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "triton is not installed"
+        return None
+    return f"no torch.compile backend for device {device.type!r}"
+
+
+def _entry(theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, scalars, cfg):
+    """What is compiled: :func:`nnsghmc_update` with its scalars in one tensor (a Python float
+    would be specialised: a new compile for every step size of a schedule)."""
+    v = dict(zip(SCALARS, scalars.unbind(0), strict=True))
+    return nnsghmc_update(theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, cfg)
+
+
+def _kernel_args(args: StepArgs) -> tuple:
+    """Compiled-call arguments: scalars as a tensor, the per-chain energy at full size (a
+    ``(K, 1)`` operand would split the fused loop in two), every dimension dynamic."""
+    p = args.p
+    scalars = torch.tensor([float(args.v[k]) for k in SCALARS], dtype=p.dtype, device=p.device)
+
+    def full(x: Tensor) -> Tensor:
+        return x.expand(p.shape).contiguous() if x.shape != p.shape else x
+
+    cache = None
+    if args.cache is not None:
+        cache = (full(args.cache[0]), *args.cache[1:])
+    out = (args.theta, p, args.grad, args.prior_grad, full(args.u), args.noise, cache,
+           args.q_net, args.d_net, scalars, args.cfg)  # fmt: skip
+    for t in (*out[:6], *(cache or ())):
+        if t is not None:
+            for dim in range(t.ndim):
+                torch._dynamo.maybe_mark_dynamic(t, dim)
+    return out
+
+
+def _key(args: StepArgs) -> tuple:
+    widths = tuple(w.shape[0] for w, _ in args.q_net[0]) + tuple(
+        w.shape[0] for w, _ in args.d_net[0]
+    )
+    return (args.cfg, widths, args.p.dtype, args.p.device.type, args.prior_grad is not None,
+            args.noise is not None, args.cache is not None, torch.get_num_threads())  # fmt: skip
+
+
+def _kernel(key: tuple) -> Callable:
+    fn = _KERNELS.get(key)
+    if fn is None:
+        # Each configuration gets its own copy of the code object: dynamo counts recompiles
+        # (limit 8) per code object, so configurations used in one process do not evict
+        # each other.
+        copy = types.FunctionType(_entry.__code__.replace(), _entry.__globals__, "_entry")
+        fn = torch.compile(copy, dynamic=None, fullgraph=True)
+        _KERNELS[key] = fn
+    return fn
+
+
+def _compile(key: tuple, kernel_args: tuple) -> None:
+    try:
+        with torch.no_grad():
+            _kernel(key)(*kernel_args)
+        _STATUS[key] = "ready"
+    except Exception as err:  # no compiler, unsupported op, ...: stay on the eager step
+        _STATUS[key] = "failed"
+        warnings.warn(
+            f"NNSGHMC: the compiled step failed ({type(err).__name__}: {err}); "
+            "using the eager step",
+            stacklevel=2,
+        )
+
+
+def run_compiled(args: StepArgs, wait: bool) -> tuple | None:
+    """The compiled step, or ``None`` while it is compiling (``wait=False``) or failed."""
+    key = _key(args)
+    status = _STATUS.get(key)
+    if status == "ready":
+        return _kernel(key)(*_kernel_args(args))
+    if status == "failed":
+        return None
+    with _LOCK:
+        if key not in _THREADS:
+            _STATUS[key] = "compiling"
+            thread = threading.Thread(
+                target=_compile,
+                args=(key, _kernel_args(args)),
+                daemon=True,
+                name="nnsghmc-compile",
+            )
+            _THREADS[key] = thread
+            thread.start()
+    if wait:
+        _THREADS[key].join()
+        return run_compiled(args, wait=False)
+    return None
+
+
+def wait_for_compiles(timeout: float | None = None) -> None:
+    """Block until every background compile has finished (benchmarks, tests)."""
+    for thread in list(_THREADS.values()):
+        thread.join(timeout)
+
+
+def _notice(reason: str) -> None:
+    global _NOTICE_GIVEN
+    if not _NOTICE_GIVEN:
+        _NOTICE_GIVEN = True
+        print(f"metasampler: NNSGHMC runs its eager step ({reason}).", file=sys.stderr)
+
+
+# -- dispatch ----------------------------------------------------------------------------------
+def run(args: StepArgs, sampler: Any) -> tuple:
+    """One step by the fastest correct path for this call (``sampler.step_path`` forces one)."""
+    path = sampler.step_path
+    if path not in PATHS:
+        raise ValueError(f"step_path must be one of {PATHS}, got {path!r}")
+    if path == "plain":
+        return nnsghmc_update(*args)
+    tensors, _ = _flatten(args)
+    recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if path == "recompute":
+        return run_recompute(args)
+    if recording:
+        # Measured (bench/bench_nnsghmc_overhead.py): in eager mode the recomputing backward
+        # costs more time than it saves memory traffic, so meta-training uses plain autograd.
+        return nnsghmc_update(*args)
+    use = sampler.use_compile
+    if use is None and os.environ.get("METASAMPLER_COMPILE") in ("0", "1"):
+        use = os.environ["METASAMPLER_COMPILE"] == "1"
+    if path == "compiled" or (path == "auto" and use is not False):
+        reason = compile_unavailable(args.p.device)
+        if reason is None:
+            out = run_compiled(args, wait=path == "compiled" or use is True)
+            if out is not None:
+                return out
+        elif use is None:
+            _notice(reason)
+    return run_blocks(args)
