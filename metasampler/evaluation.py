@@ -13,7 +13,11 @@ The reusable pieces behind ``evaluate.py``:
   all chains over every kept sample since burn-in, accumulated in log space (float64) so that
   no sample has to be stored.
 * :func:`tune_step_size`: pick the grid value with the lowest validation NLL (a diverged run
-  scores ``inf``).
+  scores ``inf``); with ``max_extensions`` the grid is extended beyond an end while the best
+  value sits there, so that the choice is interior (reported in the results).
+* The transfer protocol of 004's MNIST code, for every method alike: :func:`apply_warmup` (the
+  first steps at a fraction of the learning rate) and, for a loaded NNSGHMC with absolute
+  friction units, :func:`set_alpha_from_warmup` (``alpha = alpha_per_step / eta_warmup``).
 * :func:`run_method`: one sampler, ``K`` chains, ``n_steps`` steps through
   :func:`metasampler.sample` with a callback that streams test-set learning curves (ensemble
   of the current chains and running posterior average, against steps and sampling wall-clock)
@@ -24,7 +28,8 @@ The reusable pieces behind ``evaluate.py``:
 Conventions: "lr" is the optimiser-style per-batch learning rate of SPEC §1, converted to the
 SDE step ``eta`` by :mod:`metasampler.stepsize` (``lr / N`` for SGLD, pSGLD, SGD-M, Adam;
 ``sqrt(lr / N)`` for SGHMC, mSGNHT, NNSGHMC). Friction-type constants are given per step
-(``momentum_decay = eta * C``, the paper's ``alpha = 0.01``), so they follow the tuned step.
+(``momentum_decay = eta * C``, NNSGHMC's ``alpha_per_step = eta_warmup * alpha``, the paper's
+0.01), so they follow the tuned step.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ __all__ = [
     "is_sequence_model",
     "jsonable",
     "mean_se",
+    "merge_seed_results",
     "metrics_from_log_probs",
     "negative_log_likelihood",
     "predict_frame_log_probs",
@@ -1255,6 +1261,60 @@ def run_benchmark(
         summary["scoring"] = "frames"
         summary["n_test_frames"] = int(frame_targets(test.y).shape[0])
     return BenchmarkResult(summary, runs)
+
+
+def merge_seed_results(summaries: Sequence[Mapping[str, Any]]) -> BenchmarkResult:
+    """One result from ``results.json`` documents of the same benchmark run on disjoint seeds
+    (e.g. one process per seed on a shared CPU), as if all seeds had run in one process.
+
+    Every part must have tuned each method to the same value (tuning uses ``tune.seed``, not
+    the evaluation seeds, so identical configs give identical choices); the per-seed runs are
+    concatenated in seed order and the mean ± standard error recomputed. The returned
+    :class:`BenchmarkResult` carries the learning curves (no entropies or calibration bins, which
+    ``results.json`` does not store).
+
+    Raises:
+        ValueError: fewer than two parts, repeated seeds, or parts that differ in their
+            methods or tuned step sizes.
+    """
+    if len(summaries) < 2:
+        raise ValueError("merging needs at least two results.json documents")
+    first = summaries[0]
+    seeds = [int(s) for part in summaries for s in part["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"the parts repeat seeds: {seeds}")
+    merged = json.loads(json.dumps(first))  # a deep copy
+    merged["seeds"] = sorted(seeds)
+    merged["config"]["seeds"] = sorted(seeds)
+    runs: dict[str, dict[int, MethodRun]] = {}
+    for key, entry in merged["methods"].items():
+        parts = [part["methods"].get(key) for part in summaries]
+        if any(p is None for p in parts):
+            raise ValueError(f"method {key!r} is missing from some of the parts")
+        chosen = {(p.get("lr"), p.get("error")) for p in parts}
+        if len(chosen) != 1:
+            raise ValueError(f"method {key!r} was tuned differently in the parts: {chosen}")
+        if entry.get("error"):
+            continue
+        per_seed = sorted((r for p in parts for r in p["runs"]), key=lambda r: r["seed"])
+        entry["runs"] = per_seed
+        finals = [
+            {k: math.nan if v is None else v for k, v in r["final"].items()} for r in per_seed
+        ]
+        entry["summary"] = {m: mean_se(f.get(m, math.nan) for f in finals) for m in _FINAL_METRICS}
+        entry["n_diverged"] = sum(r["diverged_at"] is not None for r in per_seed)
+        runs[key] = {
+            int(r["seed"]): MethodRun(
+                [{k: math.nan if v is None else v for k, v in row.items()} for row in r["curves"]],
+                finals[i],
+                {},
+                None,
+                r["diverged_at"],
+                r["message"],
+            )
+            for i, r in enumerate(per_seed)
+        }
+    return BenchmarkResult(merged, runs)
 
 
 def _finite_or(value: float | None, default: float) -> float:

@@ -4,6 +4,7 @@ until the choice is interior, a warm-up phase for every method, and the paper's 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -15,7 +16,9 @@ from metasampler.evaluation import (
     EvalSet,
     apply_warmup,
     build_method,
+    jsonable,
     markdown_table,
+    merge_seed_results,
     run_benchmark,
     run_method,
     set_alpha_from_warmup,
@@ -234,3 +237,51 @@ def test_config_rejects_bad_protocol_values():
         load_benchmark_config(None, ["methods.nnsghmc.alpha_per_step=-1"])
     with pytest.raises(ConfigError, match="max_extensions"):
         load_benchmark_config(None, ["tune.max_extensions=-1"])
+
+
+# --------------------------------------------------------------------------------------------
+# Runs split by seed, merged
+# --------------------------------------------------------------------------------------------
+def _small_benchmark(tmp_path, seeds: str):
+    cfg = load_benchmark_config(
+        None,
+        [
+            "name=split",
+            f"seeds={seeds}",
+            "progress=false",
+            "tensorboard=false",
+            "synthetic={n_train: 120, n_val: 60, n_test: 60, n_ood: 0, n_features: 4, "
+            "batch_size: 30}",
+            "budget={n_chains: 2, n_steps: 12, burn_in: 4, thin: 2, eval_every: 4}",
+            "tune={n_steps: 8, burn_in: 3, thin: 2}",
+            "methods.nnsghmc.enabled=false",
+            "methods.sgld.lr_grid=[0.1, 0.3]",
+            *(f"methods.{m}.enabled=false" for m in ("psgld", "sghmc", "msgnht", "csgld")),
+            *(f"methods.{m}.enabled=false" for m in ("csghmc", "sgdm")),
+        ],
+    )
+    problem = synthetic_classification_problem(
+        n_train=120, n_val=60, n_test=60, n_ood=0, n_features=4, batch_size=30
+    )
+    result = run_benchmark(cfg, problem, sampler_path=None, out_dir=tmp_path, progress=False)
+    return json.loads(json.dumps(jsonable(result.summary)))
+
+
+def test_runs_split_by_seed_merge_into_the_all_seeds_result(tmp_path):
+    whole = _small_benchmark(tmp_path, "[0, 1, 2]")
+    parts = [_small_benchmark(tmp_path, "[1]"), _small_benchmark(tmp_path, "[0, 2]")]
+    merged = merge_seed_results(parts)
+    assert merged.summary["seeds"] == [0, 1, 2]
+    for key in ("sgld", "adam"):
+        got, want = merged.summary["methods"][key], whole["methods"][key]
+        assert [r["seed"] for r in got["runs"]] == [0, 1, 2]
+        for metric in ("ensemble_nll", "average_error"):
+            assert got["summary"][metric]["mean"] == pytest.approx(want["summary"][metric]["mean"])
+            assert got["summary"][metric]["se"] == pytest.approx(want["summary"][metric]["se"])
+        assert sorted(merged.runs[key]) == [0, 1, 2]
+    with pytest.raises(ValueError, match="repeat seeds"):
+        merge_seed_results([parts[0], parts[0]])
+    other = json.loads(json.dumps(parts[0]))
+    other["methods"]["sgld"]["lr"] = 123.0
+    with pytest.raises(ValueError, match="tuned differently"):
+        merge_seed_results([other, parts[1]])
