@@ -82,10 +82,12 @@ def main(argv: list[str] | None = None) -> int:
             return
         eta_k = eta * sampler.schedule(k).scale
         with torch.no_grad():
-            terms = sampler.drift_terms(state.theta, state.momentum, target)
+            terms = sampler.drift_terms(state.theta, state.momentum, target, eta=eta_k)
         q, d = terms.q.double(), terms.d.double()
         clamped = ((q - sampler.beta_off).abs() >= sampler.q_clamp - 1e-6).double().mean()
-        curl_part = sampler.alpha * q * q
+        units = getattr(sampler, "friction_units", "absolute")
+        # the alpha Q_f^2 share of D_f (before any d_clamp): divided by eta in per-step units
+        curl_part = sampler.alpha * q * q / (eta_k if units == "per_step" else 1.0)
         per_step = eta_k * d
         lp = predict_log_probs(target, state.theta, x_test)
         err = error_rate(ensemble_log_probs_from_lp(lp), y_test)

@@ -173,8 +173,7 @@ def test_alpha_is_set_from_the_warmup_step_for_absolute_units_only():
     sampler = _nnsghmc()
     set_alpha_from_warmup(sampler, None, eta_warmup=0.002)
     assert sampler.alpha == 7.0  # default: the file's alpha
-    sampler = _nnsghmc()
-    sampler.friction_units = "per_step"  # a format-2 file: constants already per step
+    sampler = _nnsghmc(friction_units="per_step")  # constants already per step
     note = set_alpha_from_warmup(sampler, 0.01, eta_warmup=0.002)
     assert sampler.alpha == 7.0 and "per_step" in note
 
