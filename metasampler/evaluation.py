@@ -1524,6 +1524,9 @@ def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "label": entry["label"],
             "lr": entry.get("lr"),
             "eta": entry.get("eta"),
+            "tuning_interior": entry.get("tuning_interior"),
+            "warmup_eta": entry.get("warmup_eta"),
+            "alpha": entry.get("alpha"),
             "n_diverged": entry.get("n_diverged"),
             "error": entry.get("error"),
         }
@@ -1535,7 +1538,8 @@ def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 _SUMMARY_FIELDS = (
-    ["method", "label", "lr", "eta", "n_seeds", "n_diverged"]
+    ["method", "label", "lr", "eta", "tuning_interior", "warmup_eta", "alpha", "n_seeds"]
+    + ["n_diverged"]
     + [f"{m}_{s}" for m in _FINAL_METRICS for s in ("mean", "se")]
     + ["error"]
 )
