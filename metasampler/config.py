@@ -504,6 +504,11 @@ class BudgetConfig:
     eval_every: int = 50  # test-set learning-curve points
     eval_batch_size: int = 1000  # examples per forward pass when predicting
     max_test: int = 0  # >0: score only the first max_test test examples (CPU budgets)
+    # Warm-up phase, every method alike (tuning runs too): the first warmup_steps steps run at
+    # warmup_lr_factor times the per-batch learning rate (004's MNIST code: one data epoch at
+    # lr 0.0085, then 0.018, a factor of ~0.47). 0 steps: no warm-up.
+    warmup_steps: int = 0
+    warmup_lr_factor: float = 1.0
 
 
 @dataclass
@@ -517,6 +522,10 @@ class TuneConfig:
     thin: int = 10
     seed: int = 10_000  # chains of tuning runs use seeds that evaluation does not
     max_val: int = 0  # >0: tune on the first max_val validation examples
+    # While the best value sits at an end of the grid, add the next value beyond that end (by
+    # the ratio of the two values nearest it) and tune again, at most this many times; the
+    # results report the initial grid, the extensions and whether the choice is interior.
+    max_extensions: int = 4
 
 
 @dataclass
@@ -536,6 +545,12 @@ class NNSGHMCMethod(MethodGrid):
     # run the sampling steps through torch.compile'd kernels (NNSGHMC(compile=True)): about
     # 1.3x SGHMC's step time on an MLP instead of 2-4x, after a one-off compile of 5-90 s
     compile: bool = False
+    # The paper's alpha handling (004 F.2): alpha = alpha_per_step / eta_warmup, set from the
+    # step of the warm-up phase (the test step when there is none) and kept for the whole run,
+    # for a sampler whose friction_units is "absolute". None (default): keep the file's alpha,
+    # the value it was meta-trained with (a file does not say how it was derived, and a
+    # "per_step" sampler's alpha already transfers across N and eta).
+    alpha_per_step: float | None = None
 
 
 @dataclass
@@ -650,6 +665,8 @@ _BENCH_NON_NEGATIVE_INT = [
     "tune.n_chains",
     "tune.burn_in",
     "tune.max_val",
+    "tune.max_extensions",
+    "budget.warmup_steps",
     "threads",
     "ood_max",
 ]
@@ -680,6 +697,20 @@ def _validate_benchmark(cfg: DictConfig) -> None:
         raise ConfigError(
             f"budget.burn_in ({cfg.budget.burn_in}) must be < budget.n_steps "
             f"({cfg.budget.n_steps}), else no sample enters the posterior average"
+        )
+    if cfg.budget.warmup_steps >= cfg.budget.n_steps:
+        raise ConfigError(
+            f"budget.warmup_steps ({cfg.budget.warmup_steps}) must be < budget.n_steps "
+            f"({cfg.budget.n_steps})"
+        )
+    factor = cfg.budget.warmup_lr_factor
+    if not (factor > 0 and math.isfinite(factor)):
+        raise ConfigError(f"budget.warmup_lr_factor must be a finite number > 0, got {factor!r}")
+    alpha_per_step = cfg.methods.nnsghmc.alpha_per_step
+    if alpha_per_step is not None and not (alpha_per_step >= 0 and math.isfinite(alpha_per_step)):
+        raise ConfigError(
+            f"methods.nnsghmc.alpha_per_step must be a finite number >= 0 or null, "
+            f"got {alpha_per_step!r}"
         )
     if cfg.tune.enabled and cfg.tune.burn_in >= cfg.tune.n_steps:
         raise ConfigError(

@@ -13,7 +13,11 @@ The reusable pieces behind ``evaluate.py``:
   all chains over every kept sample since burn-in, accumulated in log space (float64) so that
   no sample has to be stored.
 * :func:`tune_step_size`: pick the grid value with the lowest validation NLL (a diverged run
-  scores ``inf``).
+  scores ``inf``); with ``max_extensions`` the grid is extended beyond an end while the best
+  value sits there, so that the choice is interior (reported in the results).
+* The transfer protocol of 004's MNIST code, for every method alike: :func:`apply_warmup` (the
+  first steps at a fraction of the learning rate) and, for a loaded NNSGHMC with absolute
+  friction units, :func:`set_alpha_from_warmup` (``alpha = alpha_per_step / eta_warmup``).
 * :func:`run_method`: one sampler, ``K`` chains, ``n_steps`` steps through
   :func:`metasampler.sample` with a callback that streams test-set learning curves (ensemble
   of the current chains and running posterior average, against steps and sampling wall-clock)
@@ -24,7 +28,8 @@ The reusable pieces behind ``evaluate.py``:
 Conventions: "lr" is the optimiser-style per-batch learning rate of SPEC §1, converted to the
 SDE step ``eta`` by :mod:`metasampler.stepsize` (``lr / N`` for SGLD, pSGLD, SGD-M, Adam;
 ``sqrt(lr / N)`` for SGHMC, mSGNHT, NNSGHMC). Friction-type constants are given per step
-(``momentum_decay = eta * C``, the paper's ``alpha = 0.01``), so they follow the tuned step.
+(``momentum_decay = eta * C``, NNSGHMC's ``alpha_per_step = eta_warmup * alpha``, the paper's
+0.01), so they follow the tuned step.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from .samplers import (
     cyclical_sghmc,
     cyclical_sgld,
 )
+from .schedules import WarmUp
 from .stepsize import resolve_eta
 from .targets import NonFiniteError
 
@@ -78,6 +84,7 @@ __all__ = [
     "TuningError",
     "atomic_write_bytes",
     "atomic_write_text",
+    "apply_warmup",
     "build_method",
     "calibration_bins",
     "ensemble_log_probs",
@@ -90,6 +97,7 @@ __all__ = [
     "is_sequence_model",
     "jsonable",
     "mean_se",
+    "merge_seed_results",
     "metrics_from_log_probs",
     "negative_log_likelihood",
     "predict_frame_log_probs",
@@ -97,6 +105,7 @@ __all__ = [
     "predictive_entropy",
     "run_benchmark",
     "run_method",
+    "set_alpha_from_warmup",
     "synthetic_classification_problem",
     "tune_step_size",
     "write_results",
@@ -341,34 +350,72 @@ class TuneResult:
     """Outcome of :func:`tune_step_size`.
 
     Attributes:
-        best: the chosen grid value (lowest score; the first of equal scores).
-        scores: ``[(value, score)]`` in grid order; ``inf`` marks a diverged run.
+        best: the chosen value (lowest score; the first evaluated of equal scores).
+        scores: ``[(value, score)]`` in evaluation order (the grid, then each extension);
+            ``inf`` marks a diverged run.
         errors: ``{value: message}`` for runs that raised :class:`NonFiniteError`.
+        grid: the initial grid.
+        extensions: the values added beyond an end of the grid, in the order they were tried.
+        interior: whether ``best`` lies strictly inside the range of evaluated values (a
+            smaller and a larger value both scored worse); ``None`` when nothing was tuned.
     """
 
     best: float
     scores: list[tuple[float, float]]
     errors: dict[float, str] = field(default_factory=dict)
+    grid: list[float] = field(default_factory=list)
+    extensions: list[float] = field(default_factory=list)
+    interior: bool | None = None
 
 
-def tune_step_size(objective: Callable[[float], float], grid: Sequence[float]) -> TuneResult:
+def _next_beyond_edge(scores: Sequence[tuple[float, float]]) -> float | None:
+    """The value to try next when the best score sits at an end of the evaluated values.
+
+    Above the largest value when that is the best; below the smallest when that is the best or
+    when every run diverged (a diverged run counts as worst: smaller steps are the way out).
+    The step beyond an end is the ratio of the two values nearest that end, so a geometric grid
+    stays geometric. ``None`` when the best value is interior (nothing to extend).
+    """
+    values = sorted({v for v, _ in scores})
+    if len(values) < 2:
+        return None
+    best_value, best_score = min(scores, key=lambda vs: vs[1])
+    if not math.isfinite(best_score) or best_value == values[0]:
+        return values[0] * values[0] / values[1]
+    if best_value == values[-1]:
+        return values[-1] * values[-1] / values[-2]
+    return None
+
+
+def tune_step_size(
+    objective: Callable[[float], float], grid: Sequence[float], max_extensions: int = 0
+) -> TuneResult:
     """Evaluate ``objective(value)`` (a validation NLL) for each grid value; keep the lowest.
 
     A run that raises :class:`~metasampler.NonFiniteError`, or returns a non-finite score,
-    scores ``inf``. With a single grid value the objective is not called.
+    scores ``inf`` (worst). With a single grid value the objective is not called.
+
+    With ``max_extensions > 0`` the grid is extended while the best value sits at one of its
+    ends (or every value diverged): the next value beyond that end, at the ratio of the two
+    values nearest it, is evaluated too, up to ``max_extensions`` extra values. A best value at
+    an end of a short grid says only that the optimum may lie beyond it; the extension finds
+    out, so that the choice is interior (``TuneResult.interior``) unless the cap is reached.
 
     Raises:
-        ValueError: empty grid.
-        TuningError: every value scored ``inf``.
+        ValueError: empty grid or negative ``max_extensions``.
+        TuningError: every evaluated value scored ``inf``.
     """
     grid = [float(v) for v in grid]
     if not grid:
         raise ValueError("the step-size grid is empty")
+    if max_extensions < 0:
+        raise ValueError(f"max_extensions must be >= 0, got {max_extensions!r}")
     if len(grid) == 1:
-        return TuneResult(grid[0], [(grid[0], float("nan"))])
+        return TuneResult(grid[0], [(grid[0], float("nan"))], grid=grid)
     scores: list[tuple[float, float]] = []
     errors: dict[float, str] = {}
-    for value in grid:
+
+    def evaluate(value: float) -> None:
         try:
             score = float(objective(value))
         except NonFiniteError as err:
@@ -376,13 +423,25 @@ def tune_step_size(objective: Callable[[float], float], grid: Sequence[float]) -
         if not math.isfinite(score):
             score = math.inf
         scores.append((value, score))
+
+    for value in grid:
+        evaluate(value)
+    extensions: list[float] = []
+    while len(extensions) < max_extensions:
+        value = _next_beyond_edge(scores)
+        if value is None or not (value > 0 and math.isfinite(value)):
+            break
+        extensions.append(value)
+        evaluate(value)
     best_value, best_score = min(scores, key=lambda vs: vs[1])  # min keeps the first of ties
     if not math.isfinite(best_score):
         raise TuningError(
-            f"every step size in {grid} diverged or gave a non-finite validation NLL; "
-            "lower the grid"
+            f"every step size in {sorted(v for v, _ in scores)} diverged or gave a non-finite "
+            "validation NLL; lower the grid"
         )
-    return TuneResult(best_value, scores, errors)
+    values = [v for v, _ in scores]
+    interior = min(values) < best_value < max(values)
+    return TuneResult(best_value, scores, errors, grid, extensions, interior)
 
 
 # ============================================================================================
@@ -469,6 +528,47 @@ def build_method(
     if key == "sgdm":
         return SGDMomentum(lr=lr, momentum=options.get("momentum", 0.9))
     return Adam(lr=lr)
+
+
+def apply_warmup(sampler: Sampler, steps: int, lr_factor: float, n_data: int) -> float:
+    """Put a warm-up phase in front of ``sampler``'s schedule; return the warm-up SDE step.
+
+    The first ``steps`` steps run at ``lr_factor`` times the per-batch learning rate, i.e. the
+    SDE step times ``eta(lr_factor) / eta(1)`` of the sampler's order (``lr_factor`` for
+    first-order, ``sqrt(lr_factor)`` for second-order samplers), on top of the sampler's own
+    schedule (:class:`~metasampler.schedules.WarmUp`). ``steps = 0`` leaves the sampler as it
+    is and returns its base step.
+    """
+    eta = resolve_eta(sampler.eta, sampler.lr, n_data, sampler.order)
+    if steps <= 0:
+        return eta
+    scale = resolve_eta(None, lr_factor, 1, sampler.order) / resolve_eta(
+        None, 1.0, 1, sampler.order
+    )
+    sampler.schedule = WarmUp(steps, scale, sampler.schedule)
+    return eta * scale
+
+
+def set_alpha_from_warmup(sampler: Any, alpha_per_step: float | None, eta_warmup: float) -> str:
+    """The paper's test-time ``alpha`` (004 F.2): ``alpha = alpha_per_step / eta_warmup``.
+
+    Applies to a loaded NNSGHMC whose ``friction_units`` is ``"absolute"`` (every sampler file
+    before format 2): its ``D_f = alpha Q_f^2 + ...`` is a friction per unit time, so the
+    paper re-derives ``alpha`` from the first (warm-up) step of the test run and keeps it, the
+    friction per step ``eta alpha Q_f^2`` being ``alpha_per_step Q_f^2`` during the warm-up. A
+    ``"per_step"`` sampler's constants are already per step and are left alone, and so is any
+    sampler when ``alpha_per_step`` is ``None``.
+
+    Returns:
+        A short description of what was done (for the result files).
+    """
+    units = getattr(sampler, "friction_units", "absolute")
+    if alpha_per_step is None:
+        return f"file ({sampler.alpha:.4g})"
+    if units != "absolute":
+        return f"file ({sampler.alpha:.4g}, {units} units)"
+    sampler.alpha = float(alpha_per_step) / eta_warmup
+    return f"{alpha_per_step:g} / eta_warmup = {sampler.alpha:.4g}"
 
 
 # ============================================================================================
@@ -969,9 +1069,18 @@ def run_benchmark(
             grid = grids[key]
 
             def make(lr: float | None, n_steps: int, key: str = key, options=options) -> Sampler:
-                return build_method(
+                """The method at ``lr`` with the protocol's warm-up phase and, for NNSGHMC,
+                the paper's ``alpha`` (both identical in tuning and evaluation runs)."""
+                sampler = build_method(
                     key, options, lr, n_data=n_data, n_steps=n_steps, sampler_path=sampler_path
                 )
+                warmup = min(budget.warmup_steps, n_steps)
+                eta_warmup = apply_warmup(sampler, warmup, budget.warmup_lr_factor, n_data)
+                if key == "nnsghmc":
+                    sampler.alpha_note = set_alpha_from_warmup(
+                        sampler, options.get("alpha_per_step"), eta_warmup
+                    )
+                return sampler
 
             def eta_of(lr: float | None, key: str = key) -> float:
                 sampler = make(lr, budget.n_steps)
@@ -984,7 +1093,12 @@ def run_benchmark(
             if tune.enabled and len(grid) > 1:
                 bar.set_description(f"tune {spec.label}")
 
-                def objective(lr: float, make=make, rows=tuning_rows) -> float:
+                def objective(
+                    lr: float, make=make, rows=tuning_rows, initial=frozenset(grid)
+                ) -> float:
+                    if lr not in initial:  # an extension of the grid: one more tuning run
+                        bar.total += tune.n_steps
+                        bar.refresh()
                     result = run_on_target(
                         make(lr, tune.n_steps),
                         main=val,
@@ -1009,10 +1123,24 @@ def run_benchmark(
                     return result.final["average_nll"]
 
                 try:
-                    chosen = tune_step_size(objective, grid).best
+                    tuned = tune_step_size(objective, grid, tune.max_extensions)
+                    chosen = tuned.best
+                    entry.update(
+                        tuning_grid=tuned.grid,
+                        tuning_extensions=tuned.extensions,
+                        tuning_interior=tuned.interior,
+                    )
                 except TuningError as err:
                     entry.update(
-                        lr=None, eta=None, tuning=tuning_rows, runs=[], summary={}, error=str(err)
+                        lr=None,
+                        eta=None,
+                        tuning=tuning_rows,
+                        tuning_grid=grid,
+                        tuning_extensions=[r["lr"] for r in tuning_rows if r["lr"] not in grid],
+                        tuning_interior=None,
+                        runs=[],
+                        summary={},
+                        error=str(err),
                     )
                     log(f"{spec.label}: {err}; skipped")
                     bar.update(len(cfg.seeds) * budget.n_steps)
@@ -1026,10 +1154,22 @@ def run_benchmark(
             for row in tuning_rows:
                 row["eta"] = eta_of(row["lr"])
                 row["chosen"] = row["lr"] == chosen
+                row["extension"] = row["lr"] not in grid
             entry.update(lr=lr_used, eta=eta, tuning=tuning_rows, error=None)
+            entry.setdefault("tuning_grid", [v for v in grid if v is not None])
+            entry.setdefault("tuning_extensions", [])
+            entry.setdefault("tuning_interior", None)
+            evaluated = make(chosen, budget.n_steps)
+            entry["warmup_eta"] = (
+                evaluated.schedule.scale * eta if isinstance(evaluated.schedule, WarmUp) else None
+            )
+            if key == "nnsghmc":
+                entry["alpha"] = float(evaluated.alpha)
+                entry["alpha_note"] = evaluated.alpha_note
             if tuning_rows:
                 scores = ", ".join(f"{r['lr']:g}: {r['val_nll']:.4f}" for r in tuning_rows)
-                log(f"{spec.label}: lr grid (val NLL) {scores} -> lr={chosen:g}")
+                where = {True: "interior", False: "grid edge", None: ""}[entry["tuning_interior"]]
+                log(f"{spec.label}: lr grid (val NLL) {scores} -> lr={chosen:g} ({where})")
             tw = writer(key, "tune")
             if tw is not None:
                 for i, row in enumerate(tuning_rows):
@@ -1122,6 +1262,60 @@ def run_benchmark(
     return BenchmarkResult(summary, runs)
 
 
+def merge_seed_results(summaries: Sequence[Mapping[str, Any]]) -> BenchmarkResult:
+    """One result from ``results.json`` documents of the same benchmark run on disjoint seeds
+    (e.g. one process per seed on a shared CPU), as if all seeds had run in one process.
+
+    Every part must have tuned each method to the same value (tuning uses ``tune.seed``, not
+    the evaluation seeds, so identical configs give identical choices); the per-seed runs are
+    concatenated in seed order and the mean ± standard error recomputed. The returned
+    :class:`BenchmarkResult` carries the learning curves (no entropies or calibration bins, which
+    ``results.json`` does not store).
+
+    Raises:
+        ValueError: fewer than two parts, repeated seeds, or parts that differ in their
+            methods or tuned step sizes.
+    """
+    if len(summaries) < 2:
+        raise ValueError("merging needs at least two results.json documents")
+    first = summaries[0]
+    seeds = [int(s) for part in summaries for s in part["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"the parts repeat seeds: {seeds}")
+    merged = json.loads(json.dumps(first))  # a deep copy
+    merged["seeds"] = sorted(seeds)
+    merged["config"]["seeds"] = sorted(seeds)
+    runs: dict[str, dict[int, MethodRun]] = {}
+    for key, entry in merged["methods"].items():
+        parts = [part["methods"].get(key) for part in summaries]
+        if any(p is None for p in parts):
+            raise ValueError(f"method {key!r} is missing from some of the parts")
+        chosen = {(p.get("lr"), p.get("error")) for p in parts}
+        if len(chosen) != 1:
+            raise ValueError(f"method {key!r} was tuned differently in the parts: {chosen}")
+        if entry.get("error"):
+            continue
+        per_seed = sorted((r for p in parts for r in p["runs"]), key=lambda r: r["seed"])
+        entry["runs"] = per_seed
+        finals = [
+            {k: math.nan if v is None else v for k, v in r["final"].items()} for r in per_seed
+        ]
+        entry["summary"] = {m: mean_se(f.get(m, math.nan) for f in finals) for m in _FINAL_METRICS}
+        entry["n_diverged"] = sum(r["diverged_at"] is not None for r in per_seed)
+        runs[key] = {
+            int(r["seed"]): MethodRun(
+                [{k: math.nan if v is None else v for k, v in row.items()} for row in r["curves"]],
+                finals[i],
+                {},
+                None,
+                r["diverged_at"],
+                r["message"],
+            )
+            for i, r in enumerate(per_seed)
+        }
+    return BenchmarkResult(merged, runs)
+
+
 def _finite_or(value: float | None, default: float) -> float:
     return value if value is not None and math.isfinite(value) else default
 
@@ -1177,6 +1371,21 @@ def format_mean_se(stat: Mapping[str, float], scale: float = 1.0, digits: int = 
     return text
 
 
+def _protocol_line(summary: Mapping[str, Any]) -> str:
+    """The warm-up phase and NNSGHMC's ``alpha`` in words (empty without either)."""
+    budget = summary["budget"]
+    parts = []
+    if budget.get("warmup_steps"):
+        parts.append(
+            f"Warm-up, every method: the first {budget['warmup_steps']} steps at "
+            f"{budget['warmup_lr_factor']:g} × the chosen per-batch lr."
+        )
+    nn = summary["methods"].get("nnsghmc") or {}
+    if nn.get("alpha_note"):
+        parts.append(f"NNSGHMC alpha: {nn['alpha_note']}.")
+    return " ".join(parts)
+
+
 def markdown_table(summary: Mapping[str, Any]) -> str:
     """The results table: mean ± standard error over seeds, one row per method."""
     budget = summary["budget"]
@@ -1190,6 +1399,7 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
         f"({budget['n_steps'] * summary['batch_size'] / summary['n_train']:.1f} epochs), "
         f"posterior average over every {budget['thin']}-th step after {budget['burn_in']} "
         f"burn-in steps; seeds {summary['seeds']} (mean ± standard error over seeds).",
+        *filter(None, [_protocol_line(summary)]),
         "",
         "| Method | lr | test err % (avg) | test NLL (avg) | test err % (ens) | "
         "test NLL (ens) | ECE (avg) | OOD entropy | ms/step | diverged |",
@@ -1235,30 +1445,41 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
         "",
         "## Step-size tuning (validation NLL of the posterior average)",
         "",
-        "| Method | grid: lr → val NLL | chosen lr | eta |",
-        "|---|---|---|---|",
+        "| Method | initial grid: lr → val NLL | extensions: lr → val NLL | chosen lr | eta | "
+        "choice |",
+        "|---|---|---|---|---|---|",
     ]
-    edges = False
     for entry in summary["methods"].values():
         rows = entry.get("tuning") or []
-        grid = ", ".join(
-            f"{r['lr']:g} → " + (f"{r['val_nll']:.4f}" if r["diverged_at"] is None else "diverged")
-            for r in rows
-        )
+
+        def scored(rows: list[dict[str, Any]]) -> str:
+            return ", ".join(
+                f"{r['lr']:g} → "
+                + (f"{r['val_nll']:.4f}" if r["diverged_at"] is None else "diverged")
+                for r in sorted(rows, key=lambda r: r["lr"])
+            )
+
+        initial = scored([r for r in rows if not r.get("extension")])
+        extended = scored([r for r in rows if r.get("extension")])
         lr = "–" if entry.get("lr") is None else f"{entry['lr']:g}"
         eta = "–" if entry.get("eta") is None else f"{entry['eta']:.3g}"
-        if len(rows) > 1 and entry.get("lr") is not None:
-            values = [r["lr"] for r in rows]
-            if entry["lr"] in (min(values), max(values)):
-                lr += " (grid edge)"
-                edges = True
-        lines.append(f"| {entry['label']} | {grid or 'not tuned'} | {lr} | {eta} |")
-    if edges:
-        lines += [
-            "",
-            "(grid edge): the best value lies at the end of the grid; the optimum may lie "
-            "beyond it (short tuning runs favour large steps).",
-        ]
+        interior = entry.get("tuning_interior")
+        if interior is None and len(rows) > 1 and entry.get("lr") is not None:
+            values = [r["lr"] for r in rows]  # results written before the extension existed
+            interior = min(values) < entry["lr"] < max(values)
+        choice = {True: "interior", False: "grid edge", None: "–"}[interior]
+        lines.append(
+            f"| {entry['label']} | {initial or 'not tuned'} | {extended or '–'} | {lr} | {eta} "
+            f"| {choice} |"
+        )
+    lines += [
+        "",
+        "extensions: while the best value sat at an end of the grid, the next value beyond it "
+        "(at the ratio of the two values nearest that end) was tuned too, at most "
+        f"{summary['tune'].get('max_extensions', 0)} times; a diverged run counts as worst. "
+        "grid edge: the choice is still at an end after the last extension (the optimum may lie "
+        "beyond it).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -1302,6 +1523,9 @@ def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "label": entry["label"],
             "lr": entry.get("lr"),
             "eta": entry.get("eta"),
+            "tuning_interior": entry.get("tuning_interior"),
+            "warmup_eta": entry.get("warmup_eta"),
+            "alpha": entry.get("alpha"),
             "n_diverged": entry.get("n_diverged"),
             "error": entry.get("error"),
         }
@@ -1313,7 +1537,8 @@ def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 _SUMMARY_FIELDS = (
-    ["method", "label", "lr", "eta", "n_seeds", "n_diverged"]
+    ["method", "label", "lr", "eta", "tuning_interior", "warmup_eta", "alpha", "n_seeds"]
+    + ["n_diverged"]
     + [f"{m}_{s}" for m in _FINAL_METRICS for s in ("mean", "se")]
     + ["error"]
 )
@@ -1559,7 +1784,10 @@ def write_results(result: BenchmarkResult, directory: str | os.PathLike, config_
     ]
     atomic_write_text(
         directory / "tuning.csv",
-        _csv_text(tuning, ["method", "lr", "eta", "val_nll", "val_error", "diverged_at", "chosen"]),
+        _csv_text(
+            tuning,
+            ["method", "lr", "eta", "val_nll", "val_error", "diverged_at", "extension", "chosen"],
+        ),
     )
     atomic_write_text(directory / "table.md", markdown_table(summary))
     atomic_write_text(directory / "config.yaml", config_yaml)

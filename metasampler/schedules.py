@@ -12,6 +12,8 @@ sampler's base step ``eta`` and whether step ``k`` belongs to an exploration sta
 * :class:`HoldThenDecay` — constant for ``hold`` steps, then ``(k - hold) ** -gamma`` (seed 000
   BLR and 25-Gaussian SGLD).
 * :class:`DecayThenHold` — ``k ** -gamma`` up to ``until``, then held (seed 002 §5.1).
+* :class:`WarmUp` — another schedule times ``scale`` for the first ``steps`` steps (the
+  evaluation warm-up of 004's MNIST code: one data epoch at a smaller rate).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "CyclicalCosine",
     "HoldThenDecay",
     "DecayThenHold",
+    "WarmUp",
 ]
 
 
@@ -135,3 +138,32 @@ class DecayThenHold:
 
     def __call__(self, k: int) -> ScheduleValue:
         return ScheduleValue(float(min(k, self.until)) ** -self.gamma, False)
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """``then``'s value with its multiplier times ``scale`` for ``k <= steps``, unchanged after.
+
+    The paper's MNIST evaluation (004, ``NetworkTopologyGeneralization.py``) runs the first
+    data epoch at a smaller per-batch rate (0.0085, then 0.018); :func:`WarmUp` expresses that
+    phase for any sampler, on top of its own schedule (the exploration flags of a cyclical
+    schedule pass through). ``scale`` multiplies the SDE step ``eta``, so a learning-rate
+    factor ``f`` is ``scale = f`` for first-order and ``sqrt(f)`` for second-order samplers
+    (:func:`metasampler.stepsize.resolve_eta` does that conversion).
+    """
+
+    steps: int
+    scale: float
+    then: Schedule = Constant()
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0, got {self.steps!r}")
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            raise ValueError(f"scale must be a finite number > 0, got {self.scale!r}")
+
+    def __call__(self, k: int) -> ScheduleValue:
+        value = self.then(k)
+        if k <= self.steps:
+            return ScheduleValue(value.scale * self.scale, value.explore)
+        return value

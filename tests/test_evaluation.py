@@ -406,7 +406,10 @@ def test_evaluate_cli_writes_every_result(tmp_path):
     methods = results["methods"]
     assert list(methods) == ["nnsghmc", "sgld", "msgnht", "csgld", "adam"]
     nn = methods["nnsghmc"]
-    assert nn["lr"] in (0.01, 0.05) and len(nn["tuning"]) == 2
+    # the grid [0.01, 0.05], extended beyond an edge while the best value sits there
+    assert nn["tuning_grid"] == [0.01, 0.05]
+    assert len(nn["tuning"]) == 2 + len(nn["tuning_extensions"])
+    assert nn["lr"] in [row["lr"] for row in nn["tuning"]]
     assert sum(row["chosen"] for row in nn["tuning"]) == 1
     for entry in methods.values():
         assert [r["seed"] for r in entry["runs"]] == [0, 1]

@@ -1,0 +1,286 @@
+"""The fair transfer protocol of ``evaluate.py`` (issue #11 item 3): step-size grids extended
+until the choice is interior, a warm-up phase for every method, and the paper's test-time
+``alpha = alpha_per_step / eta_warmup`` for a loaded NNSGHMC."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from metasampler import NNSGHMC, sample
+from metasampler.config import ConfigError, load_benchmark_config
+from metasampler.evaluation import (
+    EvalSet,
+    apply_warmup,
+    build_method,
+    jsonable,
+    markdown_table,
+    merge_seed_results,
+    run_benchmark,
+    run_method,
+    set_alpha_from_warmup,
+    synthetic_classification_problem,
+    tune_step_size,
+)
+from metasampler.schedules import CyclicalCosine, WarmUp
+from metasampler.stepsize import resolve_eta
+from metasampler.targets import NonFiniteError
+
+
+# --------------------------------------------------------------------------------------------
+# Grid extension
+# --------------------------------------------------------------------------------------------
+def _bowl(optimum: float):
+    """A validation score with its minimum at ``optimum`` (quadratic in log lr)."""
+    calls: list[float] = []
+
+    def objective(lr: float) -> float:
+        calls.append(lr)
+        return (math.log(lr) - math.log(optimum)) ** 2
+
+    return objective, calls
+
+
+def test_extension_moves_an_edge_choice_above_the_grid_to_an_interior_one():
+    objective, _ = _bowl(0.5)
+    plain = tune_step_size(objective, [0.01, 0.02, 0.04])
+    assert plain.best == 0.04 and plain.interior is False  # the edge without the extension
+
+    objective, calls = _bowl(0.5)
+    result = tune_step_size(objective, [0.01, 0.02, 0.04], max_extensions=10)
+    assert result.grid == [0.01, 0.02, 0.04]
+    assert result.extensions == pytest.approx([0.08, 0.16, 0.32, 0.64, 1.28])
+    assert result.best == pytest.approx(0.64) and result.interior is True
+    assert calls[:3] == [0.01, 0.02, 0.04] and len(calls) == 8  # one run per value
+
+
+def test_extension_below_the_grid_and_the_cap():
+    objective, _ = _bowl(0.001)
+    result = tune_step_size(objective, [0.1, 0.3], max_extensions=10)  # ratio 3 downwards
+    assert result.best == pytest.approx(0.1 / 81) and result.interior is True
+    assert result.extensions[0] == pytest.approx(0.1 / 3)
+
+    objective, _ = _bowl(0.001)
+    capped = tune_step_size(objective, [0.1, 0.3], max_extensions=2)
+    assert len(capped.extensions) == 2 and capped.interior is False  # the cap is reported
+    assert capped.best == pytest.approx(0.1 / 9)
+
+
+def test_a_diverged_extension_counts_as_worst_and_all_diverged_extends_down():
+    def objective(lr: float) -> float:
+        if lr > 0.3:
+            raise NonFiniteError("non-finite position in chain 0 at step 2")
+        return -lr  # larger is better until it diverges
+
+    result = tune_step_size(objective, [0.025, 0.05, 0.1], max_extensions=5)
+    assert result.extensions == pytest.approx([0.2, 0.4])
+    assert result.best == pytest.approx(0.2) and result.interior is True
+    assert "step 2" in result.errors[result.extensions[1]]
+
+    # every grid value diverges: smaller values are tried until one works
+    result = tune_step_size(objective, [0.8, 1.6], max_extensions=5)
+    assert result.extensions == pytest.approx([0.4, 0.2, 0.1])
+    assert result.best == pytest.approx(0.2) and result.interior is True
+
+
+def test_extension_with_real_sgld_runs_finds_the_step_beyond_the_grid():
+    """SGLD on a synthetic task whose good steps (~0.3) lie above the initial grid: the plain
+    tuner returns the grid's upper edge, the extension goes on to an interior choice with a
+    better validation NLL."""
+    problem = synthetic_classification_problem(
+        n_train=120, n_val=60, n_test=60, n_ood=0, n_features=4, batch_size=30
+    )
+    val = EvalSet(problem.data.x_val, problem.data.y_val)
+    nlls: dict[float, float] = {}
+
+    def objective(lr: float) -> float:
+        run = run_method(
+            build_method("sgld", {}, lr, n_data=problem.target.n_data, n_steps=40),
+            problem.target,
+            problem.init,
+            main=val,
+            n_chains=3,
+            n_steps=40,
+            burn_in=20,
+            thin=5,
+            eval_every=40,
+            seed=0,
+        )
+        if run.diverged_at is not None:
+            raise NonFiniteError(run.message)
+        nlls[lr] = run.final["average_nll"]
+        return nlls[lr]
+
+    grid = [0.001, 0.01]
+    plain = tune_step_size(objective, grid)
+    assert plain.best == 0.01 and plain.interior is False
+    extended = tune_step_size(objective, grid, max_extensions=6)
+    assert extended.interior is True and extended.best > 0.01
+    assert nlls[extended.best] < nlls[0.01]
+
+
+# --------------------------------------------------------------------------------------------
+# Warm-up
+# --------------------------------------------------------------------------------------------
+def test_warmup_schedule_scales_only_the_first_steps_and_keeps_exploration_flags():
+    inner = CyclicalCosine(total_steps=8, n_cycles=2, explore_fraction=0.5)
+    warm = WarmUp(3, 0.5, inner)
+    for k in range(1, 9):
+        expected = inner(k).scale * (0.5 if k <= 3 else 1.0)
+        assert warm(k).scale == pytest.approx(expected)
+        assert warm(k).explore == inner(k).explore
+    with pytest.raises(ValueError, match="scale"):
+        WarmUp(3, 0.0)
+
+
+@pytest.mark.parametrize(("key", "power"), [("sgld", 1.0), ("sghmc", 0.5)])
+def test_warmup_runs_the_first_steps_at_the_reduced_learning_rate(key, power):
+    """A warm-up of W steps at lr factor f is bit-identical, for those W steps, to the same
+    method at lr f * lr (eta scaled by f for first-order, sqrt(f) for second-order) with the
+    same constants."""
+    problem = synthetic_classification_problem(n_train=60, n_val=10, n_test=10, n_ood=0)
+    target, n = problem.target, problem.target.n_data
+    lr, factor, steps = 0.05, 0.25, 4
+    warm = build_method(key, {}, lr, n_data=n, n_steps=steps)
+    eta_warmup = apply_warmup(warm, steps, factor, n)
+    plain = build_method(key, {}, lr * factor, n_data=n, n_steps=steps)
+    if key == "sghmc":  # the friction C is kept from the chosen step, as alpha is for NNSGHMC
+        plain.friction = warm.friction
+    base = build_method(key, {}, lr, n_data=n, n_steps=steps)
+    runs = [
+        sample(s, target, 2, steps, init=lambda g: problem.init(2, g), seed=3, progress=False).theta
+        for s in (warm, plain, base)
+    ]
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+    assert eta_warmup == pytest.approx(resolve_eta(None, lr, n, warm.order) * factor**power)
+
+
+# --------------------------------------------------------------------------------------------
+# alpha
+# --------------------------------------------------------------------------------------------
+def _nnsghmc(**kw) -> NNSGHMC:
+    return NNSGHMC(lr=0.01, q_hidden=[4], d_hidden=[4], beta_off=1.0, alpha=7.0, seed=0, **kw)
+
+
+def test_alpha_is_set_from_the_warmup_step_for_absolute_units_only():
+    sampler = _nnsghmc()
+    note = set_alpha_from_warmup(sampler, 0.01, eta_warmup=0.002)
+    assert sampler.alpha == pytest.approx(5.0) and "eta_warmup" in note
+    sampler = _nnsghmc()
+    set_alpha_from_warmup(sampler, None, eta_warmup=0.002)
+    assert sampler.alpha == 7.0  # default: the file's alpha
+    sampler = _nnsghmc(friction_units="per_step")  # constants already per step
+    note = set_alpha_from_warmup(sampler, 0.01, eta_warmup=0.002)
+    assert sampler.alpha == 7.0 and "per_step" in note
+
+
+def test_benchmark_applies_warmup_alpha_and_reports_the_protocol(tmp_path):
+    path = tmp_path / "sampler.safetensors"
+    sampler = _nnsghmc()
+    with torch.no_grad():
+        for p in sampler.parameters():
+            p.mul_(0.1)
+    sampler.save(str(path))
+    cfg = load_benchmark_config(
+        None,
+        [
+            "name=proto",
+            "seeds=[0]",
+            "progress=false",
+            "tensorboard=false",
+            "synthetic={n_train: 120, n_val: 60, n_test: 60, n_ood: 0, n_features: 4, "
+            "batch_size: 30}",
+            "budget={n_chains: 2, n_steps: 12, burn_in: 4, thin: 2, eval_every: 4, "
+            "warmup_steps: 4, warmup_lr_factor: 0.25}",
+            "tune={n_steps: 8, burn_in: 3, thin: 2, max_extensions: 3}",
+            "methods.nnsghmc.lr_grid=[0.01]",
+            "methods.nnsghmc.alpha_per_step=0.01",
+            "methods.sgld.lr_grid=[0.001, 0.002]",
+            *(f"methods.{m}.enabled=false" for m in ("psgld", "sghmc", "msgnht", "csgld")),
+            *(f"methods.{m}.enabled=false" for m in ("csghmc", "sgdm", "adam")),
+        ],
+    )
+    s = cfg.synthetic
+    problem = synthetic_classification_problem(
+        n_train=s.n_train, n_val=s.n_val, n_test=s.n_test, n_ood=0, n_features=s.n_features,
+        batch_size=s.batch_size,
+    )  # fmt: skip
+    result = run_benchmark(cfg, problem, sampler_path=path, out_dir=tmp_path, progress=False)
+    methods = result.summary["methods"]
+    eta = math.sqrt(0.01 / 120)
+    assert methods["nnsghmc"]["warmup_eta"] == pytest.approx(eta * 0.5)
+    assert methods["nnsghmc"]["alpha"] == pytest.approx(0.01 / (eta * 0.5))
+    sgld = methods["sgld"]
+    assert sgld["tuning_grid"] == [0.001, 0.002]
+    assert sgld["tuning_extensions"]  # tiny steps: the upper edge wins and is extended
+    assert any(row["extension"] for row in sgld["tuning"])
+    assert sgld["warmup_eta"] == pytest.approx(sgld["eta"] * 0.25)
+    table = markdown_table(result.summary)
+    assert "Warm-up, every method: the first 4 steps at 0.25" in table
+    assert "NNSGHMC alpha: 0.01 / eta_warmup" in table
+    assert "| extensions: lr → val NLL |" in table
+
+
+def test_config_rejects_bad_protocol_values():
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        load_benchmark_config(
+            None, ["budget.n_steps=10", "budget.burn_in=2", "budget.warmup_steps=10"]
+        )
+    with pytest.raises(ConfigError, match="warmup_lr_factor"):
+        load_benchmark_config(None, ["budget.warmup_lr_factor=0"])
+    with pytest.raises(ConfigError, match="alpha_per_step"):
+        load_benchmark_config(None, ["methods.nnsghmc.alpha_per_step=-1"])
+    with pytest.raises(ConfigError, match="max_extensions"):
+        load_benchmark_config(None, ["tune.max_extensions=-1"])
+
+
+# --------------------------------------------------------------------------------------------
+# Runs split by seed, merged
+# --------------------------------------------------------------------------------------------
+def _small_benchmark(tmp_path, seeds: str):
+    cfg = load_benchmark_config(
+        None,
+        [
+            "name=split",
+            f"seeds={seeds}",
+            "progress=false",
+            "tensorboard=false",
+            "synthetic={n_train: 120, n_val: 60, n_test: 60, n_ood: 0, n_features: 4, "
+            "batch_size: 30}",
+            "budget={n_chains: 2, n_steps: 12, burn_in: 4, thin: 2, eval_every: 4}",
+            "tune={n_steps: 8, burn_in: 3, thin: 2}",
+            "methods.nnsghmc.enabled=false",
+            "methods.sgld.lr_grid=[0.1, 0.3]",
+            *(f"methods.{m}.enabled=false" for m in ("psgld", "sghmc", "msgnht", "csgld")),
+            *(f"methods.{m}.enabled=false" for m in ("csghmc", "sgdm")),
+        ],
+    )
+    problem = synthetic_classification_problem(
+        n_train=120, n_val=60, n_test=60, n_ood=0, n_features=4, batch_size=30
+    )
+    result = run_benchmark(cfg, problem, sampler_path=None, out_dir=tmp_path, progress=False)
+    return json.loads(json.dumps(jsonable(result.summary)))
+
+
+def test_runs_split_by_seed_merge_into_the_all_seeds_result(tmp_path):
+    whole = _small_benchmark(tmp_path, "[0, 1, 2]")
+    parts = [_small_benchmark(tmp_path, "[1]"), _small_benchmark(tmp_path, "[0, 2]")]
+    merged = merge_seed_results(parts)
+    assert merged.summary["seeds"] == [0, 1, 2]
+    for key in ("sgld", "adam"):
+        got, want = merged.summary["methods"][key], whole["methods"][key]
+        assert [r["seed"] for r in got["runs"]] == [0, 1, 2]
+        for metric in ("ensemble_nll", "average_error"):
+            assert got["summary"][metric]["mean"] == pytest.approx(want["summary"][metric]["mean"])
+            assert got["summary"][metric]["se"] == pytest.approx(want["summary"][metric]["se"])
+        assert sorted(merged.runs[key]) == [0, 1, 2]
+    with pytest.raises(ValueError, match="repeat seeds"):
+        merge_seed_results([parts[0], parts[0]])
+    other = json.loads(json.dumps(parts[0]))
+    other["methods"]["sgld"]["lr"] = 123.0
+    with pytest.raises(ValueError, match="tuned differently"):
+        merge_seed_results([other, parts[1]])
