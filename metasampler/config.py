@@ -542,9 +542,11 @@ class NNSGHMCMethod(MethodGrid):
 
     lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.018])
     gamma: GammaMode | None = None  # override the file's Gamma mode (paper: finite differences)
-    # run the sampling steps through torch.compile'd kernels (NNSGHMC(compile=True)): about
-    # 1.3x SGHMC's step time on an MLP instead of 2-4x, after a one-off compile of 5-90 s
-    compile: bool = False
+    # How sampling steps run (NNSGHMC's `compile`): false = eager (bit-reproducible; the
+    # default here so benchmark runs repeat exactly), true = compile first and wait (also
+    # bit-reproducible), null = compile in the background while eager steps run (the library
+    # default; results differ at float rounding from the switch on). Speeds: BENCHMARKS.md.
+    compile: bool | None = False
     # The paper's alpha handling (004 F.2): alpha = alpha_per_step / eta_warmup, set from the
     # step of the warm-up phase (the test step when there is none) and kept for the whole run,
     # for a sampler whose friction_units is "absolute". None (default): keep the file's alpha,

@@ -502,7 +502,7 @@ def build_method(
         gamma = options.get("gamma")
         gamma = getattr(gamma, "value", gamma)
         sampler = load_sampler(sampler_path, lr=lr, gamma=gamma)
-        sampler.use_compile = bool(options.get("compile", False))
+        sampler.use_compile = options.get("compile", False)
         return sampler
     if lr is None:
         raise ValueError(f"method {key!r} needs a learning rate")
