@@ -1,24 +1,23 @@
 """Meta-training of NNSGHMC by truncated back-propagation through time (004 §3.3, SPEC §4).
 
-Loop structure::
+Loop structure (the decisions come from :class:`.schedule.TruncationSchedule`)::
 
     for epoch in epochs:                       # a (possibly new) training problem per epoch
-        for sub_epoch in sub_epochs:           # chains restart: replay pool or fresh init
-            for window in windows:             # truncated BPTT: unroll `unroll` steps,
-                unroll the K chains              #   collect (theta_t, grad Ũ(theta_t)) pairs
-                loss = w_cross * cross-chain + w_in * in-chain surrogate
-                Adam step on the nets (global-norm clipping); detach the state
+        for sub_epoch in sub_epochs:           # chains restart (replay pool or fresh init),
+                                               #   or continue within the epoch
+            for window in segment's windows:   # truncated BPTT: unroll `unroll` steps (.unroll)
+                per-window schedule: loss = w_cross * cross-chain + w_in * in-chain, step(s)
+                accumulate: add the window's cross-chain gradient
+                detach the state
+            accumulate: in-chain loss over the segment's pool; step(s) (.outer)
             final (theta, p) states -> replay pool
 
-A step evaluates ``grad Ũ`` at the position it starts from, so the pair for position
-``theta_t`` becomes available one step later (``state.grad``); the last position of a window is
-paired in the next window, where it is detached and carries no meta-gradient.
-
 Checkpoints are written atomically at epoch boundaries (every ``checkpoint_every`` epochs and
-at the end) and hold everything a run depends on: net weights, optimiser, replay pool, the
-run's random generator and the history, so ``resume`` continues bit-for-bit like an
-uninterrupted run. A non-finite loss, meta-gradient or chain stops training with
-:class:`TrainingDivergedError`; the last good checkpoint is kept untouched.
+at the end; chains restart at each epoch, so no chain state is needed) and hold everything a
+run depends on: net weights, optimiser, replay pool, the run's random generator and the
+history, so ``resume`` continues bit-for-bit like an uninterrupted run. A non-finite loss,
+meta-gradient or chain stops training with :class:`TrainingDivergedError`; the last good
+checkpoint is kept untouched.
 
 Under ``torchrun`` (a process group is initialised, world size ``W > 1``) the ``K`` chains
 are sharded across ranks (see ``docs/DISTRIBUTED.md``): each rank unrolls its own chains with
@@ -27,8 +26,9 @@ chains' positions for the Stein estimates (:mod:`.sharded`), and the parameter g
 are summed across ranks before every Adam step, so all ranks keep identical nets. The
 problem draws and the in-chain chain subset come from a stream shared by all ranks; the
 replay pool is per rank (its capacity split across ranks). Rank 0 writes the checkpoint,
-which holds every rank's pool and random stream; resume needs the same world size. With
-``W = 1`` nothing of this runs: the single-process code path is unchanged.
+which holds every rank's pool and random stream; resume needs the same world size. Only the
+default schedule (a combined step per window, chains restarting) is sharded. With ``W = 1``
+nothing of this runs.
 """
 
 from __future__ import annotations
@@ -47,15 +47,18 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .. import distributed
-from ..config import TrainConfig
+from ..config import ConfigError, TrainConfig
 from ..distributed import PeerFailureError
 from ..driver import make_generator
 from ..learned.nnsghmc import NNSGHMC
 from ..samplers.base import SamplerState
 from ..targets import NonFiniteError
 from .losses import InChainCollector, combined_loss, cross_chain_loss
+from .outer import Grads, MetaOptimizer, add_grads, scale_grads, sum_across_ranks
 from .replay import ReplayPool
+from .schedule import TruncationSchedule
 from .sharded import ShardedInChainCollector, gather_slices, sharded_cross_chain_loss
+from .unroll import WindowSamples, unroll_window
 
 __all__ = [
     "MetaTrainer",
@@ -78,7 +81,10 @@ TrainSettings = TrainConfig
 
 def settings_from_config(cfg: Any) -> TrainSettings:
     """A :class:`TrainSettings` from an OmegaConf ``train`` node (or a plain mapping)."""
-    return TrainSettings(**{k: cfg[k] for k in TrainSettings.__dataclass_fields__})
+    values = {k: cfg[k] for k in TrainSettings.__dataclass_fields__ if k in cfg}
+    if "adam_betas" in values:
+        values["adam_betas"] = [float(b) for b in values["adam_betas"]]
+    return TrainSettings(**values)
 
 
 @dataclass
@@ -155,7 +161,16 @@ class MetaTrainer:
             # Each rank pools its own chains: split the capacity so that the pools together
             # span as many sub-epochs as one process's pool.
             capacity = max(1, distributed.shard_sizes(capacity, self.world)[self.shard.rank])
-        self.optimizer = torch.optim.Adam(sampler.parameters(), lr=settings.optimizer_lr)
+        self.schedule = TruncationSchedule.from_settings(settings)
+        if self.world > 1 and not self.schedule.is_default:
+            raise ConfigError(
+                "under torchrun only the default truncation schedule is supported: set "
+                "train.accumulate, train.step_per_loss and train.continue_chains to false and "
+                "train.in_chain_span=window, or run in one process"
+            )
+        self.outer = MetaOptimizer(
+            sampler.parameters(), settings.optimizer_lr, settings.adam_betas, settings.grad_clip
+        )
         self.pool = ReplayPool(capacity, settings.replay_prob)
         self.history = History()
         self.epoch = 0  # epochs completed
@@ -173,7 +188,7 @@ class MetaTrainer:
         state = {
             "epoch": self.epoch,
             "sampler": self.sampler.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.outer.state_dict(),
             "replay": self.pool.state_dict(),
             "generator": self.generator.get_state(),
             "history": {
@@ -202,7 +217,7 @@ class MetaTrainer:
                 f"{saved_world} ..., or no torchrun for 1)"
             )
         self.sampler.load_state_dict(state["sampler"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.outer.load_state_dict(state["optimizer"])
         if self.world == 1:
             self.pool.load_state_dict(state["replay"])
         else:
@@ -259,8 +274,7 @@ class MetaTrainer:
     def train(self) -> History:
         """Run the remaining epochs; returns the history."""
         s = self.settings
-        windows = math.ceil(s.steps_per_sub_epoch / s.unroll)
-        total = (s.epochs - self.epoch) * s.sub_epochs * windows
+        total = (s.epochs - self.epoch) * s.sub_epochs * len(self.schedule.windows())
         show = self.progress and distributed.is_main_process()
         bar = tqdm(total=total, desc="meta-train", disable=not show)
         with bar:
@@ -268,32 +282,42 @@ class MetaTrainer:
                 epoch = self.epoch + 1
                 started = time.perf_counter()
                 problem = self.problems(epoch, self.generator)
-                losses = []
+                losses: list[float] = []
+                state = None
                 for sub in range(s.sub_epochs):
-                    losses.extend(self._sub_epoch(problem, epoch, sub, bar))
+                    if self.schedule.fresh_chains(sub):
+                        with self._abort_on_peer_failure(), distributed.failure_guard("starting"):
+                            state = self._initial_state(problem)
+                    state = self._segment(problem, state, epoch, sub, bar, losses)
                 self.epoch = epoch
                 self.history.seconds += time.perf_counter() - started
-                mean_loss = sum(losses) / max(len(losses), 1)
-                self.history.loss.append(mean_loss)
-                self._log("loss/total", mean_loss, epoch)
-                for name, values in self._terms.items():
-                    if values:
-                        self._log(f"loss/{name}", sum(values) / len(values), epoch)
-                self._terms = {"cross_chain": [], "in_chain": []}
-                if (
-                    self.evaluate is not None
-                    and distributed.is_main_process()  # (its chains are not sharded)
-                    and s.eval_every
-                    and (epoch % s.eval_every == 0 or epoch == s.epochs)
-                ):
-                    with torch.no_grad():
-                        metrics = self.evaluate(self.sampler, epoch)
-                    self.history.evals.append({"epoch": epoch, **metrics})
-                    for key, value in metrics.items():
-                        self._log(f"eval/{key}", value, epoch)
-                if epoch % s.checkpoint_every == 0 or epoch == s.epochs:
-                    self.save()
+                self._end_epoch(epoch, losses)
         return self.history
+
+    def _end_epoch(self, epoch: int, losses: list[float]) -> None:
+        """Log the epoch, evaluate and checkpoint when due."""
+        s = self.settings
+        mean_loss = sum(losses) / max(len(losses), 1)
+        self.history.loss.append(mean_loss)
+        self._log("loss/total", mean_loss, epoch)
+        for name, values in self._terms.items():
+            if values:
+                self._log(f"loss/{name}", sum(values) / len(values), epoch)
+        self._terms = {"cross_chain": [], "in_chain": []}
+        if (
+            self.evaluate is not None
+            and distributed.is_main_process()  # (its chains are not sharded)
+            and s.eval_every
+            and (epoch % s.eval_every == 0 or epoch == s.epochs)
+        ):
+            with torch.no_grad():
+                metrics = self.evaluate(self.sampler, epoch)
+            self.history.evals.append({"epoch": epoch, **metrics})
+            for key, value in metrics.items():
+                self._log(f"eval/{key}", value, epoch)
+        # Chains restart at every epoch, so an epoch-boundary checkpoint holds all the state.
+        if epoch % s.checkpoint_every == 0 or epoch == s.epochs:
+            self.save()
 
     def _initial_state(self, problem: Any) -> SamplerState:
         theta = problem.init(self.shard.size, self.chain_generator)
@@ -303,82 +327,107 @@ class MetaTrainer:
             state.theta, state.momentum = theta, momentum
         return state
 
-    def _sub_epoch(self, problem: Any, epoch: int, sub: int, bar: tqdm) -> list[float]:
+    def _collector(self) -> InChainCollector | None:
+        """The in-chain collector of a segment (a fresh random chain subset)."""
         s = self.settings
+        if s.in_chain_weight <= 0:
+            return None
+        kind = ShardedInChainCollector if self.world > 1 else InChainCollector
+        first = self.shard if self.world > 1 else s.n_chains
+        return kind(
+            first,
+            burn_in=s.in_chain_burn_in,
+            thinning=s.in_chain_thinning,
+            n_select=s.in_chain_chains,
+            generator=self.generator,  # shared: every rank draws the same subset
+        )
+
+    def _segment(
+        self,
+        problem: Any,
+        state: SamplerState,
+        epoch: int,
+        sub: int,
+        bar: tqdm,
+        losses: list[float],
+    ) -> SamplerState:
+        """One sub-epoch: unroll the segment window by window and update as scheduled."""
+        s, schedule = self.settings, self.schedule
         target = problem.target
-        with self._abort_on_peer_failure(), distributed.failure_guard("starting chains"):
-            state = self._initial_state(problem)
-        collector = None
-        if s.in_chain_weight > 0 and self.world > 1:
-            collector = ShardedInChainCollector(
-                self.shard,
-                burn_in=s.in_chain_burn_in,
-                thinning=s.in_chain_thinning,
-                n_select=s.in_chain_chains,
-                generator=self.generator,  # shared: every rank draws the same subset
-            )
-        elif s.in_chain_weight > 0:
-            collector = InChainCollector(
-                s.n_chains,
-                burn_in=s.in_chain_burn_in,
-                thinning=s.in_chain_thinning,
-                n_select=s.in_chain_chains,
-                generator=self.generator,
-            )
+        collector = self._collector()
         stein = {"bandwidth_factor": s.stein_bandwidth_factor, "ridge": s.stein_ridge}
-        losses = []
-        done = 0
-        while done < s.steps_per_sub_epoch:
-            length = min(s.unroll, s.steps_per_sub_epoch - done)
-            positions: list[Tensor] = []
-            grads: list[Tensor] = []
+        start = state.step
+        cross_sum: Grads | None = None  # accumulate: the windows' unnormalised cross gradients
+        n_slices, cross_total = 0, 0.0
+        for length in schedule.windows():
             # (Under torchrun an error on one rank stops every rank at the end of the unroll.)
             with (
                 self._abort_on_peer_failure(),
                 distributed.failure_guard("unrolling the chains"),
             ):
-                for _ in range(length):
-                    previous = state.theta
-                    try:
-                        state = self.sampler.step(state, target, self.chain_generator)
-                    except NonFiniteError as err:
-                        what = f"a chain diverged ({err}){self._on_rank()}"
-                        raise self._diverged(what, epoch, sub) from None
-                    t = state.step - 1  # ``previous`` is the position after step t
-                    if t == done:  # the window's first position is detached: no meta-gradient
-                        continue
-                    if s.cross_chain_every and t % s.cross_chain_every == 0:
-                        positions.append(previous)
-                        grads.append(state.grad)
-                    if collector is not None:
-                        collector.collect(t, previous, state.grad)
-            done += length
+                try:
+                    state, window = unroll_window(
+                        self.sampler,
+                        state,
+                        target,
+                        self.chain_generator,
+                        length=length,
+                        segment_start=start,
+                        cross_chain_every=s.cross_chain_every,
+                        collector=collector,
+                        pool_detached=schedule.pool_spans_segment,
+                    )
+                except NonFiniteError as err:
+                    what = f"a chain diverged ({err}){self._on_rank()}"
+                    raise self._diverged(what, epoch, sub) from None
             if self.world > 1:
-                value = self._sharded_update(positions, grads, collector, stein, epoch, sub)
+                value = self._sharded_update(window, collector, stein, epoch, sub)
                 if value is not None:
                     losses.append(value)
-            else:
-                cross = cross_chain_loss(positions, grads, **stein) if positions else None
-                in_chain = None
-                if collector is not None and collector.n_samples >= 2:
-                    in_chain = collector.loss(**stein)
-                for name, term in (("cross_chain", cross), ("in_chain", in_chain)):
-                    if term is not None:
-                        self._terms[name].append(float(term.detach()))
+            elif not schedule.accumulate:
+                cross = cross_chain_loss(window.positions, window.grads, **stein)
+                cross = cross if window.positions else None
+                in_chain = (
+                    collector.loss(**stein) if collector and collector.n_samples >= 2 else None
+                )
                 if cross is not None or in_chain is not None:
-                    weights = (s.cross_chain_weight, s.in_chain_weight)
-                    loss = combined_loss(cross, in_chain, weights)
-                    losses.append(self._update(loss, epoch, sub))
-            if collector is not None:
+                    losses.append(
+                        self._update({"cross_chain": cross, "in_chain": in_chain}, epoch, sub)
+                    )
+            elif window.positions:
+                # The segment's cross-chain loss is the mean over all its slices: sum each
+                # window's slice surrogates now (freeing its graph unless the in-chain pool
+                # still needs it) and divide by the segment's slice count at the end.
+                count = len(window.positions)
+                window_sum = cross_chain_loss(window.positions, window.grads, **stein) * count
+                keep = collector is not None and schedule.pool_spans_segment
+                cross_sum = add_grads(cross_sum, self.outer.gradients(window_sum, keep))
+                n_slices += count
+                cross_total += float(window_sum.detach())
+            if collector is not None and schedule.clear_pool_after_window():
                 collector.clear()
             state = state.detach()
             bar.update(1)
             if losses:
                 bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3g}")
+        if schedule.accumulate and self.world == 1:
+            grads = {"cross_chain": None, "in_chain": None}
+            values = {"cross_chain": None, "in_chain": None}
+            if cross_sum is not None:
+                grads["cross_chain"] = scale_grads(cross_sum, 1.0 / n_slices)
+                values["cross_chain"] = cross_total / n_slices
+            if collector is not None and collector.n_samples >= 2:
+                in_chain = collector.loss(**stein)
+                values["in_chain"] = float(in_chain.detach())
+                grads["in_chain"] = self.outer.gradients(in_chain)
+            if any(g is not None for g in grads.values()):
+                losses.append(self._apply(grads, values, epoch, sub))
+        if collector is not None:
+            collector.clear()
         self.pool.add(state.theta, state.momentum)
         if self.logger is not None and sub == self.settings.sub_epochs - 1:
             self._log_chain_summaries(state, target, epoch)
-        return losses
+        return state
 
     @torch.no_grad()
     def _log_chain_summaries(self, state: SamplerState, target: Any, epoch: int) -> None:
@@ -391,31 +440,63 @@ class MetaTrainer:
             if hasattr(self.logger, "histogram"):
                 self.logger.histogram(f"nets/{name}", values, epoch)
 
-    def _update(self, loss: Tensor, epoch: int, sub: int) -> float:
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise self._diverged(f"non-finite meta-loss {value}", epoch, sub)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        return self._step_optimizer(epoch, sub, value)
-
-    def _step_optimizer(self, epoch: int, sub: int, value: float) -> float:
-        """Clip, check and apply the gradients in ``.grad``; returns ``value``."""
-        params = [p for p in self.sampler.parameters() if p.grad is not None]
-        if self.settings.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.settings.grad_clip)
+    def _update(self, terms: dict[str, Tensor | None], epoch: int, sub: int) -> float:
+        """Gradients of the given loss terms at the current parameters, then the step(s)."""
+        s = self.settings
+        present = {k: t for k, t in terms.items() if t is not None}
+        values = {k: float(t.detach()) for k, t in present.items()}
+        if self.schedule.step_per_loss:
+            names = list(present)
+            grads = {
+                k: self.outer.gradients(present[k], retain_graph=k != names[-1]) for k in names
+            }
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
-        if not torch.isfinite(norm):
-            raise self._diverged("non-finite meta-gradient", epoch, sub)
-        self.optimizer.step()
-        return value
+            weights = (s.cross_chain_weight, s.in_chain_weight)
+            loss = combined_loss(terms["cross_chain"], terms["in_chain"], weights)
+            values = {"total": float(loss.detach()), **values}
+            grads = {"total": self.outer.gradients(loss)}
+        return self._apply(grads, values, epoch, sub)
+
+    def _apply(
+        self, grads: dict[str, Grads | None], values: dict[str, float | None], epoch: int, sub: int
+    ) -> float:
+        """Log the loss values and take the optimiser step(s) on ``grads``; returns the total.
+
+        ``grads`` holds one entry per loss (``cross_chain``, ``in_chain``) or one ``total``
+        (already weighted). Per-loss entries are weighted here and applied as one combined
+        step, or as one step each (cross-chain first) when the schedule says so.
+        """
+        s = self.settings
+        weights = {"cross_chain": s.cross_chain_weight, "in_chain": s.in_chain_weight}
+        for name in ("cross_chain", "in_chain"):
+            if values.get(name) is not None:
+                self._terms[name].append(values[name])
+        total = values.get("total")
+        if total is None:
+            total = sum(weights[k] * v for k, v in values.items() if v is not None)
+        if not math.isfinite(total):
+            raise self._diverged(f"non-finite meta-loss {total}", epoch, sub)
+        steps: list[Grads] = []
+        if "total" in grads:
+            steps = [grads["total"]]
+        else:
+            weighted = [scale_grads(g, weights[k]) for k, g in grads.items() if g is not None]
+            if self.schedule.step_per_loss:
+                steps = weighted
+            else:
+                combined = None
+                for g in weighted:
+                    combined = add_grads(combined, g)
+                steps = [combined]
+        for g in steps:
+            if not self.outer.step(g):
+                raise self._diverged("non-finite meta-gradient", epoch, sub)
+        return total
 
     # -- sharded chains (torchrun) ------------------------------------------------------------
     def _sharded_update(
         self,
-        positions: list[Tensor],
-        grads: list[Tensor],
+        window: WindowSamples,
         collector: ShardedInChainCollector | None,
         stein: dict[str, float],
         epoch: int,
@@ -427,8 +508,12 @@ class MetaTrainer:
         failure guard, then one all-reduce of the gradients with the loss values. Every
         decision (whether a term exists, whether values are finite) is taken on data that is
         identical on all ranks, so the ranks never disagree on which collective comes next.
+        The meta-gradient: each rank's loss is its share of the global surrogate and its
+        backward pass reaches only its own chains, so the global gradient is the SUM of the
+        ranks' gradients (an average would need every share scaled by W).
         """
         s = self.settings
+        positions, grads = window.positions, window.grads
         everyone = gather_slices(positions, self.shard) if positions else None
         pool = None
         if collector is not None and collector.n_samples >= 2:
@@ -445,51 +530,21 @@ class MetaTrainer:
             if pool is not None:
                 in_chain = collector.sharded_loss(pool, **stein)
             loss = combined_loss(cross, in_chain, (s.cross_chain_weight, s.in_chain_weight))
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        # The meta-gradient: each rank's loss is its share of the global surrogate and its
-        # backward pass reaches only its own chains, so the global gradient is the SUM of the
-        # ranks' gradients (an average would need every share scaled by W). One explicit
-        # all-reduce per window rather than DistributedDataParallel: DDP reduces after a
-        # single forward/backward of a module, while here the "forward" is a whole unrolled
-        # window of sampler steps plus collectives, and the loss values and a has-gradient
-        # flag per parameter travel in the same buffer (all ranks then take the same
-        # decisions). float64: a sum of a few float32 values is exact in float64, so the
-        # result does not depend on the reduction order (identical and reproducible).
-        params = list(self.sampler.parameters())
-        f64 = {"dtype": torch.float64, "device": self.device}
-        pieces = [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(**f64)
-            for p in params
-        ]
-        flags = torch.tensor([float(p.grad is not None) for p in params], **f64)
-        scalars = [
-            torch.zeros(1, **f64) if t is None else t.detach().reshape(1).to(**f64)
-            for t in (loss, cross, in_chain)
-        ]
-        bad = torch.zeros(self.world, **f64)  # which ranks' shares are not finite
-        bad[self.shard.rank] = float(not math.isfinite(float(scalars[0])))
-        buffer = distributed.all_reduce_sum(torch.cat([*pieces, flags, bad, *scalars]))
-        offset = 0
-        for p in params:
-            p.grad = buffer[offset : offset + p.numel()].view_as(p).to(p.dtype)
-            offset += p.numel()
-        for p, flag in zip(params, buffer[offset : offset + len(params)].tolist(), strict=True):
-            if flag == 0:  # no rank's loss reached it: leave it out as one process would
-                p.grad = None
-        offset += len(params)
-        bad_ranks = [r for r, b in enumerate(buffer[offset : offset + self.world].tolist()) if b]
-        total, cross_value, in_value = buffer[-3:].tolist()
-        for name, term, value in (
-            ("cross_chain", cross, cross_value),
-            ("in_chain", in_chain, in_value),
-        ):
-            if term is not None:
-                self._terms[name].append(value)
+            local = self.outer.gradients(loss)
+        params = self.outer.params
+        summed, totals, bad_ranks = sum_across_ranks(
+            params, local, [loss, cross, in_chain], self.world, self.shard.rank
+        )
+        total, cross_value, in_value = totals
+        values = {
+            "total": total,
+            "cross_chain": cross_value if cross is not None else None,
+            "in_chain": in_value if in_chain is not None else None,
+        }
         if not math.isfinite(total):
             where = f" (from rank {', '.join(map(str, bad_ranks))})" if bad_ranks else ""
             raise self._diverged(f"non-finite meta-loss {total}{where}", epoch, sub)
-        return self._step_optimizer(epoch, sub, total)
+        return self._apply({"total": summed}, values, epoch, sub)
 
     @contextmanager
     def _abort_on_peer_failure(self) -> Iterator[None]:
