@@ -30,6 +30,8 @@ __all__ = [
     "TaskKind",
     "GammaMode",
     "PoolSpan",
+    "GradInput",
+    "FrictionUnits",
     "TaskConfig",
     "SamplerConfig",
     "TrainConfig",
@@ -61,6 +63,20 @@ class GammaMode(str, Enum):
     exact = "exact"
     finite_difference = "finite_difference"
     none = "none"
+
+
+class GradInput(str, Enum):
+    """Gradient input of ``f_phiD``: ``s_g * grad / sigma_g`` or the paper's ``s_g * grad / N``."""
+
+    standardised = "standardised"
+    per_datum = "per_datum"
+
+
+class FrictionUnits(str, Enum):
+    """``D_f`` as written (absolute) or divided by the step in use (per-step friction)."""
+
+    absolute = "absolute"
+    per_step = "per_step"
 
 
 class Activation(str, Enum):
@@ -134,6 +150,9 @@ class SamplerConfig:
     grad_input_scale: float = 1.0
     gamma: GammaMode = GammaMode.exact
     detach_inputs: bool = True
+    d_clamp: float | None = None  # D_f clamped to [0, d_clamp] (paper toy: 5); null: none
+    grad_input: GradInput = GradInput.standardised
+    friction_units: FrictionUnits = FrictionUnits.absolute
     calibrate_steps: int = 0  # >0: measure input statistics with the untrained sampler
 
 
@@ -307,6 +326,9 @@ def _validate(cfg: DictConfig) -> None:
         for key, value in ((f"{section}.eta", eta), (f"{section}.lr", lr)):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{key} must be a finite number > 0, got {value!r}")
+    d_clamp = get("sampler.d_clamp")
+    if d_clamp is not None and not (d_clamp > 0 and math.isfinite(d_clamp)):
+        raise ConfigError(f"sampler.d_clamp must be a finite number > 0 or null, got {d_clamp!r}")
     if cfg.task.init_high <= cfg.task.init_low:
         raise ConfigError("task.init_high must be > task.init_low")
     for key in ("sampler.q_hidden", "sampler.d_hidden", "task.hidden"):

@@ -11,13 +11,15 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
 
     {
       "format": "metasampler.nnsghmc",
-      "format_version": 1,
+      "format_version": 2,
       "architecture": {"q_hidden": [40], "d_hidden": [40], "activation": "tanh",
                        "d_output": "softplus", "dtype": "float32"},
       "constants": {"beta_off": 0.0, "alpha": 0.0, "c": 0.0, "q_clamp": 5.0,
                     "d_output_scale": 1.0, "energy_input_scale": 1.0,
                     "grad_input_scale": 1.0, "gamma": "exact",
-                    "momentum_init": "normal", "detach_inputs": true},
+                    "momentum_init": "normal", "detach_inputs": true,
+                    "d_clamp": null, "grad_input": "standardised",
+                    "friction_units": "absolute"},
       "training": {"eta": 0.01, "lr": null, "temperature": 1.0},
       "statistics": {"energy_loc": 0.0, "energy_std": 1.0, "momentum_std": 1.3,
                      "grad_std": 2.1},
@@ -31,7 +33,10 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
   so the file alone rebuilds the sampler. ``statistics`` and ``train_dim`` repeat the buffers
   for inspection (the tensors are authoritative; a disagreement is an error). ``training``
   records the step the sampler was meta-trained with: :func:`load_sampler` uses it unless
-  ``eta`` or ``lr`` is given. ``checksum`` is a SHA-256 over every tensor's name, dtype,
+  ``eta`` or ``lr`` is given. Version 1 files (written before ``d_clamp``, ``grad_input``
+  and ``friction_units`` existed) still load, with those constants at their defaults
+  (``null``, ``"standardised"``, ``"absolute"``: the behaviour they were trained with).
+  ``checksum`` is a SHA-256 over every tensor's name, dtype,
   shape and bytes (sorted by name), so corrupted tensor data is detected.
 
 :func:`save_sampler` writes through a temporary file in the target directory and
@@ -72,7 +77,10 @@ __all__ = [
 ]
 
 FORMAT = "metasampler.nnsghmc"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Older versions this metasampler still reads; the constants they lack take these values.
+_READABLE_VERSIONS = (1, FORMAT_VERSION)
+_V2_CONSTANTS = {"d_clamp": None, "grad_input": "standardised", "friction_units": "absolute"}
 #: The safetensors metadata key holding the JSON header.
 HEADER_KEY = "metasampler"
 
@@ -162,6 +170,9 @@ def _build_header(sampler: NNSGHMC, tensors: dict[str, Tensor], provenance: dict
             "gamma": sampler.gamma,
             "momentum_init": sampler.momentum_init,
             "detach_inputs": bool(sampler.detach_inputs),
+            "d_clamp": sampler.d_clamp,
+            "grad_input": sampler.grad_input,
+            "friction_units": sampler.friction_units,
         },
         "training": {
             "eta": None if sampler.eta is None else float(sampler.eta),
@@ -301,7 +312,7 @@ def load_sampler(
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        SamplerFileError: the file is not a valid sampler file of format version
+        SamplerFileError: the file is not a valid sampler file of format version 1 or
             ``FORMAT_VERSION`` (the message says what is wrong).
         ValueError: bad arguments, or no ``eta`` / ``lr`` given and none stored.
     """
@@ -322,7 +333,8 @@ def load_sampler(
     header = _open(path)
     _check_version(path, header)
     _check_header(path, header)
-    arch, consts, training = header["architecture"], header["constants"], header["training"]
+    arch, training = header["architecture"], header["training"]
+    consts = {**_V2_CONSTANTS, **header["constants"]}
     if eta is None and lr is None:
         eta, lr = training["eta"], training["lr"]
     step_known = eta is not None or lr is not None
@@ -340,6 +352,9 @@ def load_sampler(
             gamma=consts["gamma"] if gamma is None else gamma,
             detach_inputs=consts["detach_inputs"],
             momentum_init=consts["momentum_init"],
+            d_clamp=consts["d_clamp"],
+            grad_input=consts["grad_input"],
+            friction_units=consts["friction_units"],
             temperature=temperature,
             schedule=schedule,
             seed=None,
@@ -407,7 +422,7 @@ def _open(path: Path) -> dict:
 
 def _check_version(path: Path, header: dict) -> None:
     version = header.get("format_version")
-    if version == FORMAT_VERSION and type(version) is int:
+    if version in _READABLE_VERSIONS and type(version) is int:
         return
     if type(version) is int and version > FORMAT_VERSION:
         hint = "; upgrade metasampler to load it"
@@ -416,8 +431,8 @@ def _check_version(path: Path, header: dict) -> None:
     else:
         hint = ""
     raise SamplerFileError(
-        f"{path} was written by format version {version!r}; this metasampler reads version "
-        f"{FORMAT_VERSION}{hint}"
+        f"{path} was written by format version {version!r}; this metasampler reads versions "
+        f"{' and '.join(map(str, _READABLE_VERSIONS))}{hint}"
     )
 
 
@@ -455,6 +470,10 @@ def _check_header(path: Path, header: dict) -> None:
     field("constants.gamma", (str,), "a string")
     field("constants.momentum_init", (str,), "a string")
     field("constants.detach_inputs", (bool,), "true or false")
+    if header["format_version"] >= 2:
+        field("constants.d_clamp", optional, "a number or null")
+        field("constants.grad_input", (str,), "a string")
+        field("constants.friction_units", (str,), "a string")
     eta = field("training.eta", optional, "a number or null")
     lr = field("training.lr", optional, "a number or null")
     if eta is not None and lr is not None:

@@ -51,6 +51,9 @@ SETTINGS = dict(
     gamma="finite_difference",
     detach_inputs=False,
     momentum_init="zeros",
+    d_clamp=4.0,
+    grad_input="per_datum",
+    friction_units="per_step",
 )
 BUFFERS = dict(energy_loc=0.3, energy_std=2.0, momentum_std=0.8, grad_std=1.7, train_dim=4)
 # (attribute path on the sampler, value expected from SETTINGS)
@@ -72,6 +75,9 @@ CONSTANTS = {
     "gamma": "finite_difference",
     "detach_inputs": False,
     "momentum_init": "zeros",
+    "d_clamp": 4.0,
+    "grad_input": "per_datum",
+    "friction_units": "per_step",
 }
 
 
@@ -229,7 +235,7 @@ def test_header_contents(saved):
     sampler, path = saved
     header = read_header(path)
     assert header["format"] == FORMAT == "metasampler.nnsghmc"
-    assert header["format_version"] == FORMAT_VERSION == 1
+    assert header["format_version"] == FORMAT_VERSION == 2
     assert header["architecture"] == {
         "q_hidden": [8, 6],
         "d_hidden": [5],
@@ -239,6 +245,9 @@ def test_header_contents(saved):
     }
     assert header["constants"]["gamma"] == "finite_difference"
     assert header["constants"]["alpha"] == 0.1
+    assert header["constants"]["d_clamp"] == 4.0
+    assert header["constants"]["grad_input"] == "per_datum"
+    assert header["constants"]["friction_units"] == "per_step"
     assert header["training"] == {"eta": 0.03, "lr": None, "temperature": 1.0}
     assert header["statistics"] == {k: v for k, v in BUFFERS.items() if k != "train_dim"}
     assert header["train_dim"] == 4
@@ -420,16 +429,73 @@ def test_wrong_format_name(saved, tmp_path):
         load_sampler(bad)
 
 
-@pytest.mark.parametrize("version", [99, 0, "1"])
+@pytest.mark.parametrize("version", [99, 0, "1", 3])
 def test_other_format_version(saved, tmp_path, version):
     _, path = saved
     bad = rewrite(
         path, tmp_path / "v.safetensors", header=lambda h: h.update(format_version=version)
     )
-    message = f"written by format version {version!r}; this metasampler reads version 1"
+    message = f"written by format version {version!r}; this metasampler reads versions 1 and 2"
     with pytest.raises(SamplerFileError, match=re.escape(message)):
         load_sampler(bad)
     assert read_header(bad)["format_version"] == version  # inspection still works
+
+
+def as_version_1(header: dict) -> None:
+    """A version-1 header: written before d_clamp, grad_input and friction_units existed."""
+    header["format_version"] = 1
+    for name in ("d_clamp", "grad_input", "friction_units"):
+        del header["constants"][name]
+
+
+def test_version_1_file_loads_with_the_old_behaviour(tmp_path):
+    # A sampler with the constants' defaults, saved as version 2 and rewritten as version 1:
+    # same constants, same trajectory.
+    defaults = {"d_clamp": None, "grad_input": "standardised", "friction_units": "absolute"}
+    sampler = NNSGHMC(**{**SETTINGS, **defaults}, seed=3)
+    for name, value in BUFFERS.items():
+        getattr(sampler, name).fill_(value)
+    path = tmp_path / "v2.safetensors"
+    save_sampler(sampler, path)
+    old = rewrite(path, tmp_path / "v1.safetensors", header=as_version_1)
+    loaded = load_sampler(old)
+    assert (loaded.d_clamp, loaded.grad_input, loaded.friction_units) == (
+        None,
+        "standardised",
+        "absolute",
+    )
+    assert torch.equal(toy_run(loaded), toy_run(sampler))
+    # The loader really reads the version-2 constants (the check can fail).
+    clamped = rewrite(
+        path, tmp_path / "c.safetensors", header=lambda h: h["constants"].update(d_clamp=0.5)
+    )
+    assert load_sampler(clamped).d_clamp == 0.5
+    with pytest.raises(SamplerFileError, match="'constants.d_clamp' must be a number or null"):
+        load_sampler(
+            rewrite(
+                path,
+                tmp_path / "b.safetensors",
+                header=lambda h: h["constants"].update(d_clamp="x"),
+            )
+        )
+    with pytest.raises(SamplerFileError, match="'constants.grad_input' is missing"):
+        load_sampler(
+            rewrite(
+                path, tmp_path / "m.safetensors", header=lambda h: h["constants"].pop("grad_input")
+            )
+        )
+
+
+@pytest.mark.parametrize("path", sorted((TESTS_DIR.parent / "pretrained").glob("*.safetensors")))
+def test_shipped_files_load_with_the_old_behaviour(path):
+    header = read_header(path)
+    loaded = load_sampler(path)
+    if header["format_version"] == 1:
+        assert (loaded.d_clamp, loaded.grad_input, loaded.friction_units) == (
+            None,
+            "standardised",
+            "absolute",
+        )
 
 
 def test_header_not_json_or_incomplete(saved, tmp_path):

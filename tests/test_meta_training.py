@@ -194,6 +194,31 @@ def test_config_rejects_unknown_keys_and_bad_values_naming_them():
         load_config(None, ["sampler.lr=0.1"])  # both eta and lr given
     cfg = load_config(ROOT / "configs" / "toy_gaussian.yaml", ["train.epochs=3"])
     assert cfg.train.epochs == 3 and cfg.task.kind.value == "paper_train_gaussian"
+    for override in ("sampler.d_clamp=0", "sampler.grad_input=raw", "sampler.friction_units=x"):
+        with pytest.raises(ConfigError, match=override.split("=")[0]):
+            load_config(None, [override])
+
+
+def test_config_passes_the_new_sampler_constants_to_the_sampler():
+    from metasampler.meta.setup import build_sampler
+
+    overrides = [
+        "sampler.d_clamp=5",
+        "sampler.grad_input=per_datum",
+        "sampler.friction_units=per_step",
+    ]
+    sampler = build_sampler(load_config(None, overrides).sampler)
+    assert (sampler.d_clamp, sampler.grad_input, sampler.friction_units) == (
+        5.0,
+        "per_datum",
+        "per_step",
+    )
+    default = build_sampler(load_config(None, []).sampler)
+    assert (default.d_clamp, default.grad_input, default.friction_units) == (
+        None,
+        "standardised",
+        "absolute",
+    )
 
 
 def test_cli_fails_before_work_on_a_bad_config(tmp_path):

@@ -257,3 +257,109 @@ def test_compiled_sampling_step_matches_the_eager_step(gamma):
     got = ms.sample(compiled, target, 8, 30, init=init, seed=2, progress=False).theta
     assert compiled.use_compile  # a failed compile falls back to eager and clears the flag
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+# -- d_clamp, grad_input, friction_units (issue #11 item 2) --------------------------------------
+def split_prior_sampler(**kwargs) -> NNSGHMC:
+    """A float64 sampler with non-trivial statistics for :class:`SplitPriorTarget`."""
+    settings = dict(eta=0.05, beta_off=0.5, alpha=0.3, c=0.1, q_hidden=(8,), d_hidden=(7,))
+    sampler = NNSGHMC(seed=2, **{**settings, **kwargs}).double()
+    sampler.momentum_std.fill_(1.7)
+    sampler.grad_std.fill_(0.6)
+    sampler.train_dim.fill_(6)
+    with torch.no_grad():
+        for param in sampler.parameters():
+            param.mul_(2.0)
+    return sampler
+
+
+@pytest.mark.parametrize("friction_units", ["absolute", "per_step"])
+def test_exact_gamma_of_the_clamped_friction_equals_brute_force_jacobian(friction_units):
+    target = SplitPriorTarget()
+    sampler = split_prior_sampler(grad_input="per_datum", friction_units=friction_units)
+    gen = torch.Generator().manual_seed(3)
+    points = [
+        (torch.randn(1, 3, generator=gen, dtype=torch.float64), torch.randn(1, 3, generator=gen))
+        for _ in range(6)
+    ]
+    points = [(theta, p.double()) for theta, p in points]
+    unclamped = torch.cat([sampler.drift_terms(t, p, target).d for t, p in points]).flatten()
+    middle = unclamped.detach().sort().values[8:10]
+    sampler.d_clamp = float(middle.mean())  # binds on half the coordinates, none at the edge
+    clamped = 0
+    for theta, p in points:
+        expected = brute_force_gamma(sampler, target, theta, p)
+        terms = sampler.drift_terms(theta.clone().requires_grad_(True), p, target)
+        got = torch.cat([terms.gamma_theta[0], terms.gamma_p[0]])
+        torch.testing.assert_close(got.detach(), expected, atol=1e-10, rtol=1e-8)
+        assert float(terms.d.detach().max()) <= sampler.d_clamp
+        clamped += int((terms.d == sampler.d_clamp).sum())
+    assert clamped == 9  # of 18
+
+
+def test_per_step_friction_is_eta_times_d_independent_of_eta():
+    target = SplitPriorTarget()
+    theta = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    p = torch.randn(4, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    per_step = split_prior_sampler(friction_units="per_step")
+    absolute = split_prior_sampler()
+    friction = [eta * per_step.drift_terms(theta, p, target, eta=eta).d for eta in (0.1, 0.01)]
+    torch.testing.assert_close(friction[0], friction[1], rtol=1e-12, atol=0)
+    # It is the absolute D_f at unit step; the absolute D_f itself ignores eta.
+    torch.testing.assert_close(friction[0], absolute.drift_terms(theta, p, target).d)
+    d_abs = [absolute.drift_terms(theta, p, target, eta=eta).d for eta in (0.1, 0.01)]
+    torch.testing.assert_close(d_abs[0], d_abs[1], rtol=0, atol=0)
+    # The step uses it: one noise-free step with per-step units at eta equals an absolute
+    # step whose D_f is divided by eta (here through c, alpha and s_D scaled by 1/eta).
+    eta = 0.02
+    scaled = split_prior_sampler(alpha=0.3 / eta, c=0.1 / eta, d_output_scale=1.0 / eta)
+    per_step.eta = scaled.eta = eta
+    steps = []
+    for sampler in (per_step, scaled):
+        sampler.temperature = 0.0
+        state = sampler.init(theta.clone(), target)
+        state.momentum = p.clone()
+        steps.append(sampler.step(state, target).momentum)
+    torch.testing.assert_close(steps[0], steps[1], rtol=1e-10, atol=1e-12)
+
+
+def test_per_datum_gradient_input_is_scaled_by_n_not_by_the_statistic():
+    target = SplitPriorTarget()  # N = 3
+    theta = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    p = torch.randn(4, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    per_datum = split_prior_sampler(grad_input="per_datum", grad_input_scale=7.0)
+    reference = split_prior_sampler(grad_input_scale=7.0)
+    reference.grad_std.fill_(target.n_data)  # standardised with sigma_g = N: s_g * grad / N
+    d = per_datum.drift_terms(theta, p, target).d
+    torch.testing.assert_close(d, reference.drift_terms(theta, p, target).d, rtol=1e-12, atol=0)
+    per_datum.grad_std.fill_(123.0)  # the calibrated statistic plays no part
+    torch.testing.assert_close(d, per_datum.drift_terms(theta, p, target).d, rtol=0, atol=0)
+    reference.grad_std.fill_(0.6)
+    assert not torch.allclose(d, reference.drift_terms(theta, p, target).d)
+
+
+def test_new_constants_are_validated():
+    for kwargs, name in [
+        ({"d_clamp": 0.0}, "d_clamp"),
+        ({"d_clamp": float("inf")}, "d_clamp"),
+        ({"grad_input": "raw"}, "grad_input"),
+        ({"friction_units": "per_datum"}, "friction_units"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            NNSGHMC(eta=0.1, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
+def test_stationarity_with_binding_friction_clamp(gamma):
+    # The nets' D_f has median ~1.07 on this target: a clamp at 1.0 binds on about half the
+    # coordinates. Gamma of the clamped D_f keeps the chain exact.
+    target, cov = quadratic_target(dim=5)
+    sampler = strongly_state_dependent(gamma, eta=0.03, beta_off=1.0, c=0.2, d_clamp=1.0)
+    sample_mean, sample_cov = run_moments(sampler, target)
+    var_ratio = sample_cov.diagonal() / cov.diagonal()
+    assert float(sample_mean.abs().max()) < 0.05
+    assert float((var_ratio - 1).abs().max()) < 0.07, var_ratio
+    theta = ms.sample(sampler, target, 200, 300, seed=1, progress=False).theta[-1]
+    d = sampler.drift_terms(theta, torch.randn(theta.shape), target).d
+    assert 0.2 < float((d == 1.0).double().mean()) < 0.8  # the clamp really binds

@@ -28,6 +28,9 @@ def build_sampler(cfg: Any, seed: int = 0) -> NNSGHMC:
         grad_input_scale=cfg.grad_input_scale,
         gamma=_value(cfg.gamma),
         detach_inputs=cfg.detach_inputs,
+        d_clamp=cfg.d_clamp,
+        grad_input=_value(cfg.grad_input),
+        friction_units=_value(cfg.friction_units),
         seed=seed,
     )
 
