@@ -227,6 +227,10 @@ def _scenarios(rank: int, tmp: Path) -> dict:
             trainer_module.sharded_cross_chain_loss = real
 
     record("nan_loss", nan_loss)
+    record(
+        "paper_schedule",
+        lambda: MetaTrainer(new_sampler(), toy_family(), one_window(6, continue_chains=True)),
+    )
 
     def evaluation():
         problem = classification()
@@ -394,6 +398,13 @@ def test_resume_with_another_world_size_is_refused(ranks):
     trainer = MetaTrainer(new_sampler(), toy_family(), one_window(6), run_dir=run_dir)
     with pytest.raises(ValueError, match="written by 2 process.*--nproc_per_node=2"):
         trainer.resume()
+
+
+def test_schedules_other_than_the_default_are_refused_under_torchrun(ranks):
+    for rank in ranks:
+        result = rank["paper_schedule"]
+        assert result["error"] == "ConfigError"
+        assert "only the default truncation schedule" in result["message"]
 
 
 # -- failures -------------------------------------------------------------------------------

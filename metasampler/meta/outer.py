@@ -17,7 +17,14 @@ from torch import Tensor
 
 from .. import distributed
 
-__all__ = ["Grads", "MetaOptimizer", "add_grads", "scale_grads", "sum_across_ranks"]
+__all__ = [
+    "GradientAccumulator",
+    "Grads",
+    "MetaOptimizer",
+    "add_grads",
+    "scale_grads",
+    "sum_across_ranks",
+]
 
 Grads = list[Tensor | None]
 
@@ -62,7 +69,8 @@ class MetaOptimizer:
         )
 
     def step(self, grads: Grads) -> bool:
-        """Clip and apply ``grads``; returns False (and changes nothing) if they are not finite."""
+        """Clip and apply ``grads`` (left in ``.grad``); returns False, without a step, if they
+        are not finite."""
         for p, g in zip(self.params, grads, strict=True):
             p.grad = g
         present = [p for p in self.params if p.grad is not None]
@@ -75,8 +83,6 @@ class MetaOptimizer:
         if not torch.isfinite(norm):
             return False
         self.adam.step()
-        for p in self.params:
-            p.grad = None
         return True
 
     def state_dict(self) -> dict:
@@ -84,6 +90,32 @@ class MetaOptimizer:
 
     def load_state_dict(self, state: dict) -> None:
         self.adam.load_state_dict(state)
+
+
+class GradientAccumulator:
+    """Sums the gradients of each loss over the windows of a segment (truncated BPTT with
+    gradient accumulation); :meth:`means` divides each sum by its count, so a loss that is a
+    mean over ``n`` terms spread over several windows gets exactly the gradient of that mean.
+    """
+
+    def __init__(self, optimizer: MetaOptimizer) -> None:
+        self.optimizer = optimizer
+        self.sums: dict[str, Grads] = {}
+        self.values: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, name: str, loss_sum: Tensor, count: int, retain_graph: bool = False) -> None:
+        """Add ``d loss_sum / d params`` (``loss_sum``: a sum of ``count`` loss terms)."""
+        grads = self.optimizer.gradients(loss_sum, retain_graph=retain_graph)
+        self.sums[name] = add_grads(self.sums.get(name), grads)
+        self.values[name] = self.values.get(name, 0.0) + float(loss_sum.detach())
+        self.counts[name] = self.counts.get(name, 0) + count
+
+    def means(self) -> tuple[dict[str, Grads], dict[str, float]]:
+        """Per loss: the mean gradient and the mean value over everything added."""
+        grads = {k: scale_grads(g, 1.0 / self.counts[k]) for k, g in self.sums.items()}
+        values = {k: v / self.counts[k] for k, v in self.values.items()}
+        return grads, values
 
 
 def sum_across_ranks(

@@ -83,6 +83,7 @@ class TruncationSchedule:
         """Whether sub-epoch ``sub_epoch`` (0-based) starts new chains."""
         return sub_epoch == 0 or not self.continue_chains
 
-    def clear_pool_after_window(self) -> bool:
-        """Whether the in-chain pool is emptied after each window."""
+    @property
+    def clear_pool(self) -> bool:
+        """Whether the in-chain pool is emptied (and its loss taken) after each window."""
         return not self.pool_spans_segment

@@ -34,11 +34,9 @@ nothing of this runs.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +51,16 @@ from ..driver import make_generator
 from ..learned.nnsghmc import NNSGHMC
 from ..samplers.base import SamplerState
 from ..targets import NonFiniteError
+from .checkpoint import CheckpointMixin, History, save_checkpoint
 from .losses import InChainCollector, combined_loss, cross_chain_loss
-from .outer import Grads, MetaOptimizer, add_grads, scale_grads, sum_across_ranks
+from .outer import (
+    GradientAccumulator,
+    Grads,
+    MetaOptimizer,
+    add_grads,
+    scale_grads,
+    sum_across_ranks,
+)
 from .replay import ReplayPool
 from .schedule import TruncationSchedule
 from .sharded import ShardedInChainCollector, gather_slices, sharded_cross_chain_loss
@@ -67,8 +73,6 @@ __all__ = [
     "save_checkpoint",
     "settings_from_config",
 ]
-
-CHECKPOINT_NAME = "checkpoint.pt"
 
 
 class TrainingDivergedError(RuntimeError):
@@ -87,28 +91,7 @@ def settings_from_config(cfg: Any) -> TrainSettings:
     return TrainSettings(**values)
 
 
-@dataclass
-class History:
-    """Per-epoch mean loss and evaluation metrics (kept in checkpoints)."""
-
-    loss: list[float] = field(default_factory=list)
-    evals: list[dict[str, float]] = field(default_factory=list)
-    seconds: float = 0.0  # training wall-clock over all epochs, across resumes
-
-
-def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
-    """Tensors of a flat state dict moved to the CPU (to send them to another rank)."""
-    return {k: v.cpu() if isinstance(v, Tensor) else v for k, v in state.items()}
-
-
-def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """``torch.save`` to a temporary file, then an atomic rename: never a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-
-
-class MetaTrainer:
+class MetaTrainer(CheckpointMixin):
     """Trains an :class:`NNSGHMC` on problems drawn from ``problems(epoch, generator)``.
 
     Args:
@@ -175,100 +158,6 @@ class MetaTrainer:
         self.history = History()
         self.epoch = 0  # epochs completed
         self._terms: dict[str, list[float]] = {"cross_chain": [], "in_chain": []}
-
-    # -- checkpoints ------------------------------------------------------------------------
-    @property
-    def checkpoint_path(self) -> Path | None:
-        return None if self.run_dir is None else self.run_dir / CHECKPOINT_NAME
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything the run depends on. Under torchrun a collective (call it on every rank):
-        ``world_size`` and ``ranks`` (every rank's replay pool and chain stream) replace
-        ``replay``."""
-        state = {
-            "epoch": self.epoch,
-            "sampler": self.sampler.state_dict(),
-            "optimizer": self.outer.state_dict(),
-            "replay": self.pool.state_dict(),
-            "generator": self.generator.get_state(),
-            "history": {
-                "loss": self.history.loss,
-                "evals": self.history.evals,
-                "seconds": self.history.seconds,
-            },
-            **self.extra_checkpoint,
-        }
-        if self.world > 1:
-            del state["replay"]
-            local = {
-                "replay": _to_cpu(self.pool.state_dict()),
-                "generator": self.chain_generator.get_state().cpu(),
-            }
-            state["world_size"] = self.world
-            state["ranks"] = distributed.gather_objects(local)
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved_world = int(state.get("world_size", 1))
-        if saved_world != self.world:
-            raise ValueError(
-                f"the checkpoint was written by {saved_world} process(es) but this run has "
-                f"{self.world}: resume with the same number (torchrun --nproc_per_node="
-                f"{saved_world} ..., or no torchrun for 1)"
-            )
-        self.sampler.load_state_dict(state["sampler"])
-        self.outer.load_state_dict(state["optimizer"])
-        if self.world == 1:
-            self.pool.load_state_dict(state["replay"])
-        else:
-            mine = state["ranks"][self.shard.rank]
-            replay = dict(mine["replay"])
-            for key in ("theta", "momentum"):
-                replay[key] = replay[key].to(self.device)
-            self.pool.load_state_dict(replay)
-            self.chain_generator.set_state(mine["generator"].cpu())
-        self.generator.set_state(state["generator"])
-        saved = state["history"]
-        self.history = History(
-            list(saved["loss"]), list(saved["evals"]), float(saved.get("seconds", 0.0))
-        )
-        self.epoch = int(state["epoch"])
-
-    def save(self) -> None:
-        """Write the checkpoint (rank 0 only; under torchrun every rank must call it)."""
-        if self.checkpoint_path is not None:
-            state = self.state_dict()
-            if distributed.is_main_process():
-                self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-                save_checkpoint(self.checkpoint_path, state)
-
-    def resume(self, path: str | Path | None = None) -> int:
-        """Load the checkpoint (default: ``run_dir/checkpoint.pt``); returns epochs done.
-
-        Under torchrun rank 0 reads the file and sends it to the others (so only rank 0
-        needs the run directory); every rank must call this.
-        """
-        path = Path(path) if path is not None else self.checkpoint_path
-        outcome: dict[str, Any] | Exception | None = None
-        if distributed.is_main_process():
-            outcome = self._read_checkpoint(path)
-        outcome = distributed.broadcast_object(outcome)
-        if isinstance(outcome, Exception):
-            raise outcome
-        self.load_state_dict(outcome)
-        return self.epoch
-
-    def _read_checkpoint(self, path: Path | None) -> dict[str, Any] | Exception:
-        if path is None or not path.is_file():
-            return FileNotFoundError(f"no checkpoint to resume from at {path}")
-        # (Other ranks get rank 0's copy: load it on the CPU, each maps it to its device.)
-        device = self.device if self.world == 1 else "cpu"
-        try:
-            return torch.load(path, map_location=device, weights_only=True)
-        except Exception as err:  # corrupted / truncated / not a checkpoint
-            error = ValueError(f"{path} is not a readable metasampler checkpoint: {err}")
-            error.__cause__ = err
-            return error
 
     # -- training ---------------------------------------------------------------------------
     def train(self) -> History:
@@ -357,8 +246,8 @@ class MetaTrainer:
         collector = self._collector()
         stein = {"bandwidth_factor": s.stein_bandwidth_factor, "ridge": s.stein_ridge}
         start = state.step
-        cross_sum: Grads | None = None  # accumulate: the windows' unnormalised cross gradients
-        n_slices, cross_total = 0, 0.0
+        accumulated = GradientAccumulator(self.outer)  # (used when schedule.accumulate)
+        keep_graph = collector is not None and schedule.pool_spans_segment
         for length in schedule.windows():
             # (Under torchrun an error on one rank stops every rank at the end of the unroll.)
             with (
@@ -380,48 +269,38 @@ class MetaTrainer:
                 except NonFiniteError as err:
                     what = f"a chain diverged ({err}){self._on_rank()}"
                     raise self._diverged(what, epoch, sub) from None
+            pooled = collector is not None and collector.n_samples >= 2
             if self.world > 1:
                 value = self._sharded_update(window, collector, stein, epoch, sub)
                 if value is not None:
                     losses.append(value)
-            elif not schedule.accumulate:
-                cross = cross_chain_loss(window.positions, window.grads, **stein)
-                cross = cross if window.positions else None
-                in_chain = (
-                    collector.loss(**stein) if collector and collector.n_samples >= 2 else None
-                )
-                if cross is not None or in_chain is not None:
-                    losses.append(
-                        self._update({"cross_chain": cross, "in_chain": in_chain}, epoch, sub)
-                    )
-            elif window.positions:
-                # The segment's cross-chain loss is the mean over all its slices: sum each
-                # window's slice surrogates now (freeing its graph unless the in-chain pool
-                # still needs it) and divide by the segment's slice count at the end.
-                count = len(window.positions)
-                window_sum = cross_chain_loss(window.positions, window.grads, **stein) * count
-                keep = collector is not None and schedule.pool_spans_segment
-                cross_sum = add_grads(cross_sum, self.outer.gradients(window_sum, keep))
-                n_slices += count
-                cross_total += float(window_sum.detach())
-            if collector is not None and schedule.clear_pool_after_window():
+            else:
+                n = len(window.positions)
+                cross = cross_chain_loss(window.positions, window.grads, **stein) if n else None
+                in_chain = collector.loss(**stein) if pooled and schedule.clear_pool else None
+                if not schedule.accumulate and (cross is not None or in_chain is not None):
+                    terms = {"cross_chain": cross, "in_chain": in_chain}
+                    losses.append(self._update(terms, epoch, sub))
+                elif schedule.accumulate:
+                    # The segment's cross-chain loss is the mean over all its slices: sum each
+                    # window's slice surrogates now (freeing its graph unless the in-chain
+                    # pool still needs it); the accumulator divides by the count at the end.
+                    if cross is not None:
+                        retain = keep_graph or in_chain is not None
+                        accumulated.add("cross_chain", cross * n, n, retain_graph=retain)
+                    if in_chain is not None:
+                        accumulated.add("in_chain", in_chain, 1)
+            if collector is not None and schedule.clear_pool:
                 collector.clear()
             state = state.detach()
             bar.update(1)
             if losses:
                 bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3g}")
         if schedule.accumulate and self.world == 1:
-            grads = {"cross_chain": None, "in_chain": None}
-            values = {"cross_chain": None, "in_chain": None}
-            if cross_sum is not None:
-                grads["cross_chain"] = scale_grads(cross_sum, 1.0 / n_slices)
-                values["cross_chain"] = cross_total / n_slices
-            if collector is not None and collector.n_samples >= 2:
-                in_chain = collector.loss(**stein)
-                values["in_chain"] = float(in_chain.detach())
-                grads["in_chain"] = self.outer.gradients(in_chain)
-            if any(g is not None for g in grads.values()):
-                losses.append(self._apply(grads, values, epoch, sub))
+            if keep_graph and collector.n_samples >= 2:
+                accumulated.add("in_chain", collector.loss(**stein), 1)
+            if accumulated.sums:
+                losses.append(self._apply(*accumulated.means(), epoch, sub))
         if collector is not None:
             collector.clear()
         self.pool.add(state.theta, state.momentum)
