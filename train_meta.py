@@ -119,16 +119,22 @@ def main(argv: list[str] | None = None) -> int:
             seed=cfg.seed,
         )
 
-    trainer = MetaTrainer(
-        sampler,
-        problems,
-        settings_from_config(cfg.train),
-        run_dir=run_dir,
-        seed=cfg.seed,
-        logger=logger,
-        evaluate=evaluate,
-        progress=cfg.progress,
-    )
+    try:
+        trainer = MetaTrainer(
+            sampler,
+            problems,
+            settings_from_config(cfg.train),
+            run_dir=run_dir,
+            seed=cfg.seed,
+            logger=logger,
+            evaluate=evaluate,
+            progress=cfg.progress,
+        )
+    except ConfigError as err:  # e.g. a truncation schedule that torchrun does not shard
+        if main_process:
+            print(f"config error: {err}", file=sys.stderr)
+        logger.close()
+        return 2
     if args.resume:
         try:
             done = trainer.resume()

@@ -539,7 +539,8 @@ def test_torchrun_train_meta_and_evaluate_end_to_end(tmp_path):
         "sampler.q_hidden=[8]",
         "sampler.d_hidden=[8]",
     ]
-    config = str(ROOT / "configs" / "toy_gaussian.yaml")
+    # (the old recipe: only the default truncation schedule is sharded)
+    config = str(ROOT / "configs" / "toy_gaussian_old_recipe.yaml")
     train = ["train_meta.py", "--config", config, "--run-dir", str(run_dir), *tiny]
     done = _torchrun(*train, "train.epochs=2")
     assert done.returncode == 0, done.stderr[-3000:]
