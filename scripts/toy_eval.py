@@ -7,8 +7,8 @@ For each sampler file: 50 chains x 12,000 steps on the 20-D correlated test Gaus
 gradient noise N(0, 1), ``eta = 0.025``, chains from ``U([0, 6]^D)``; prints KL@1k, KL@12k
 (Gaussian fitted to all samples so far vs the target) and the paper's per-chain ESS
 (:func:`metasampler.benchmark.gaussian_benchmark`). If the sampler was trained with
-``task.energy_log_normaliser`` (read from the ``config.yaml`` next to the file, or
-``<stem>.config.yaml``), the test energy gets the same constant (``--normalised-energy``
+``task.energy_log_normaliser`` (read from the provenance in the file's header), the test
+energy gets the same constant (``--normalised-energy``
 overrides: ``yes``/``no``).
 """
 
@@ -27,14 +27,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def trained_with_normalised_energy(path: Path) -> bool:
-    """``task.energy_log_normaliser`` of the run that wrote ``path`` (False if unknown)."""
+    """``task.energy_log_normaliser`` of the run that wrote ``path`` (from the provenance in
+    the file's header; False for files written before the option existed)."""
     from omegaconf import OmegaConf
 
-    for candidate in (path.with_name(path.stem + ".config.yaml"), path.parent / "config.yaml"):
-        if candidate.is_file():
-            cfg = OmegaConf.load(candidate)
-            return bool(OmegaConf.select(cfg, "task.energy_log_normaliser", default=False))
-    return False
+    from metasampler.export import read_header
+
+    text = read_header(path).get("provenance", {}).get("config") or "{}"
+    config = OmegaConf.create(text)  # the run's resolved config, as YAML text
+    return bool(OmegaConf.select(config, "task.energy_log_normaliser", default=False))
 
 
 def main(argv: list[str] | None = None) -> int:
