@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import metasampler as ms
     from metasampler.benchmark import gaussian_benchmark
+    from metasampler.targets import NonFiniteError
     from tasks.toy import paper_test_gaussian
 
     kl_at = sorted({min(1000, args.n_steps), args.n_steps})
@@ -74,9 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         if normalised:
             task = task.with_normalised_energy()
         start = time.time()
-        result = gaussian_benchmark(
-            sampler, task, n_chains=args.n_chains, n_steps=args.n_steps, kl_at=kl_at, seed=args.seed
-        )
+        try:
+            result = gaussian_benchmark(
+                sampler,
+                task,
+                n_chains=args.n_chains,
+                n_steps=args.n_steps,
+                kl_at=kl_at,
+                seed=args.seed,
+            )
+        except NonFiniteError as err:  # a sampler that blows up is a result, not a crash
+            print(f"| {path} | {normalised} | diverged: {err} | | | |", flush=True)
+            continue
         seconds = time.time() - start
         print(
             f"| {path} | {normalised} | {result[f'kl@{kl_at[0]}']:.4g} | "
