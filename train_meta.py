@@ -123,18 +123,26 @@ def main(argv: list[str] | None = None) -> int:
             seed=cfg.seed,
         )
 
-    trainer = MetaTrainer(
-        sampler,
-        problems,
-        settings_from_config(cfg.train),
-        run_dir=run_dir,
-        seed=cfg.seed,
-        logger=logger,
-        evaluate=evaluate,
-        progress=cfg.progress,
-        # Resume compares this with the checkpoint's copy and refuses a different run.
-        extra_checkpoint={"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)},
-    )
+    try:
+        trainer = MetaTrainer(
+            sampler,
+            problems,
+            settings_from_config(cfg.train),
+            run_dir=run_dir,
+            seed=cfg.seed,
+            logger=logger,
+            evaluate=evaluate,
+            progress=cfg.progress,
+            # Resume compares this with the checkpoint's copy and refuses a different run.
+            extra_checkpoint={
+                "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+            },
+        )
+    except ConfigError as err:  # e.g. a truncation schedule that torchrun does not shard
+        if main_process:
+            print(f"config error: {err}", file=sys.stderr)
+        logger.close()
+        return 2
     if args.resume:
         try:
             done = trainer.resume()

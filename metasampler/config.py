@@ -29,6 +29,7 @@ __all__ = [
     "ConfigError",
     "TaskKind",
     "GammaMode",
+    "PoolSpan",
     "GradInput",
     "FrictionUnits",
     "TaskConfig",
@@ -95,6 +96,13 @@ class DOutput(str, Enum):
     abs = "abs"
 
 
+class PoolSpan(str, Enum):
+    """What the in-chain pool of positions spans (see ``metasampler.meta.schedule``)."""
+
+    window = "window"  # cleared after every BPTT window (the recipe before issue #11)
+    segment = "segment"  # the whole segment: one Stein estimate over all its pooled samples
+
+
 @dataclass
 class TaskConfig:
     """What to sample: a toy target or a Bayesian neural network with its data."""
@@ -105,6 +113,9 @@ class TaskConfig:
     cov: str = "correlated"  # gaussian: identity | diagonal | correlated
     seed: int = 0  # seeds the random covariance / data split
     grad_noise_std: float = 1.0  # toy targets: injected gradient noise sigma
+    # Gaussian targets: the energy fed to a learned sampler's nets includes the constant
+    # ½ log(2 pi det Sigma), as the paper's toy code (SPEC §4; GaussianTask.with_normalised_energy)
+    energy_log_normaliser: bool = False
     init_low: float = 0.0  # toy chains start uniform in [init_low, init_high]^D
     init_high: float = 6.0
     # Bayesian neural networks (mnist_mlp, fmnist_cnn, chorale_gru)
@@ -155,7 +166,16 @@ class TrainConfig:
     n_chains: int = 50
     unroll: int = 20
     optimizer_lr: float = 5e-4
-    grad_clip: float = 10.0  # max global norm of the meta-gradient; 0 disables
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # paper toy: 0.5, 0.99
+    grad_clip: float = 10.0  # max global norm of the meta-gradient; 0 disables (paper)
+    # Truncation schedule (metasampler/meta/schedule.py). A segment is the
+    # `steps_per_sub_epoch` steps of one sub-epoch; the graph is cut every `unroll` steps.
+    # The defaults are the recipe before issue #11; the paper's toy schedule is
+    # accumulate=true, step_per_loss=true, continue_chains=true, in_chain_span=segment.
+    accumulate: bool = False  # true: sum the windows' gradients, step once per segment
+    step_per_loss: bool = False  # true: one optimiser step per loss (cross, then in-chain)
+    continue_chains: bool = False  # true: chains run on across an epoch's sub-epochs
+    in_chain_span: PoolSpan = PoolSpan.window
     cross_chain_every: int = 2  # 0 disables the cross-chain loss
     cross_chain_weight: float = 1.0
     in_chain_weight: float = 1.0  # 0 disables the in-chain loss
@@ -282,6 +302,14 @@ def _validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} must be a finite number > 0, got {value!r}")
     if not 0 <= cfg.train.replay_prob <= 1:
         raise ConfigError(f"train.replay_prob must be in [0, 1], got {cfg.train.replay_prob!r}")
+    betas = list(cfg.train.adam_betas)
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {betas!r}")
+    if cfg.train.in_chain_span == PoolSpan.segment and not cfg.train.accumulate:
+        raise ConfigError(
+            "train.in_chain_span=segment needs train.accumulate=true: the pooled positions "
+            "hold the graph of every window, which an optimiser step inside the segment breaks"
+        )
     if cfg.train.in_chain_chains > cfg.train.n_chains:
         raise ConfigError(
             f"train.in_chain_chains ({cfg.train.in_chain_chains}) must be <= train.n_chains "

@@ -75,6 +75,8 @@ def build_problem(
         TaskKind.random_gaussians,
     ):
         task = _gaussian_task(cfg, seed)
+        if cfg.energy_log_normaliser:
+            task = task.with_normalised_energy()
         target = task.target(cfg.grad_noise_std, dtype=dtype, device=device)
         init = _uniform_init(task.dim, cfg.init_low, cfg.init_high, dtype, device)
         return Problem(target, init, task, f"{kind.value}(D={task.dim}, seed={seed})")

@@ -126,6 +126,10 @@ class ToyTask:
     dim: int
     mean: Tensor
     cov: Tensor
+    # Constant added to the energy that :meth:`target` hands out (what a learned sampler's
+    # nets see); gradients, densities and moments ignore it. See
+    # :meth:`GaussianTask.with_normalised_energy`.
+    energy_offset: float = 0.0
 
     def _cast(self, t: Tensor, like: Tensor) -> Tensor:
         """``t`` in ``like``'s dtype and device (no copy when they already match)."""
@@ -168,7 +172,14 @@ class ToyTask:
         sigma = _noise_std(grad_noise_std)
         _float_dtype(dtype)
         cast = self.to(dtype=dtype, device=device)
-        return EnergyTarget(cast._energy, self.dim, grad_noise_std=sigma, grad_fn=cast._grad)
+        energy = cast._energy
+        if self.energy_offset != 0.0:
+            offset = float(self.energy_offset)
+
+            def energy(theta: Tensor) -> Tensor:
+                return cast._energy(theta) + offset
+
+        return EnergyTarget(energy, self.dim, grad_noise_std=sigma, grad_fn=cast._grad)
 
     def to(
         self, dtype: torch.dtype | None = None, device: torch.device | str | None = None
@@ -224,6 +235,24 @@ class GaussianTask(ToyTask):
         self._precision = torch.cholesky_inverse(chol)
         self._precision = 0.5 * (self._precision + self._precision.T)
         self._log_norm = 0.5 * dim * _LOG_2PI + float(torch.log(torch.diagonal(chol)).sum())
+
+    @property
+    def log_normaliser(self) -> float:
+        """``log Z = ½ log((2 pi)^D det cov)``: ``-log N(x) = U(x) + log Z``."""
+        return float(self._log_norm)
+
+    def with_normalised_energy(self) -> GaussianTask:
+        """A copy whose :meth:`target` energy is ``U + ½ log(2 pi det cov)``.
+
+        The paper's toy code (``U_Gaussian`` in its ``Util.py``) feeds its nets this energy
+        (SPEC §4), with the normaliser written with one ``2 pi`` rather than ``(2 pi)^D``;
+        we add the same constant so that nets trained here see the paper's inputs. A sampler
+        trained with it must be tested with it (config ``task.energy_log_normaliser``).
+        """
+        new = self.to()
+        chol = torch.diagonal(self.cov_cholesky).double()
+        new.energy_offset = 0.5 * _LOG_2PI + float(torch.log(chol).sum())
+        return new
 
     @property
     def precision(self) -> Tensor:

@@ -227,6 +227,10 @@ def _scenarios(rank: int, tmp: Path) -> dict:
             trainer_module.sharded_cross_chain_loss = real
 
     record("nan_loss", nan_loss)
+    record(
+        "paper_schedule",
+        lambda: MetaTrainer(new_sampler(), toy_family(), one_window(6, continue_chains=True)),
+    )
 
     def evaluation():
         problem = classification()
@@ -396,6 +400,13 @@ def test_resume_with_another_world_size_is_refused(ranks):
         trainer.resume()
 
 
+def test_schedules_other_than_the_default_are_refused_under_torchrun(ranks):
+    for rank in ranks:
+        result = rank["paper_schedule"]
+        assert result["error"] == "ConfigError"
+        assert "only the default truncation schedule" in result["message"]
+
+
 # -- failures -------------------------------------------------------------------------------
 def test_a_diverging_rank_stops_every_rank_with_a_clear_message(ranks):
     bad, good = ranks[1]["nan_chain"], ranks[0]["nan_chain"]
@@ -528,6 +539,7 @@ def test_torchrun_train_meta_and_evaluate_end_to_end(tmp_path):
         "sampler.q_hidden=[8]",
         "sampler.d_hidden=[8]",
     ]
+    # (the old recipe: only the default truncation schedule is sharded)
     config = str(ROOT / "configs" / "toy_gaussian.yaml")
     train = ["train_meta.py", "--config", config, "--run-dir", str(run_dir), *tiny]
     done = _torchrun(*train, "train.epochs=2")

@@ -413,3 +413,26 @@ def test_package_exports_and_cast_copy():
     task = mixture_4().to(dtype=torch.float32)
     assert task.centres.dtype == torch.float32 and task.cov.dtype == torch.float32
     assert mixture_4().centres.dtype == torch.float64  # the original is untouched
+
+
+def test_normalised_energy_adds_the_papers_constant_to_the_energy_only():
+    from metasampler.config import load_config
+    from tasks.registry import build_problem
+
+    task = paper_test_gaussian()
+    normalised = task.with_normalised_energy()
+    constant = 0.5 * math.log(2 * math.pi * float(torch.linalg.det(task.cov)))
+    assert normalised.energy_offset == pytest.approx(constant, rel=1e-9)
+    x = task.sample(4, generator=torch.Generator().manual_seed(0))
+    plain, shifted = task.target(1.0, dtype=torch.float64), normalised.target(1.0, torch.float64)
+    torch.testing.assert_close(
+        shifted.energy(x) - plain.energy(x), torch.full((4,), constant, dtype=torch.float64)
+    )
+    torch.testing.assert_close(normalised.grad(x), task.grad(x))
+    torch.testing.assert_close(normalised.log_density(x), task.log_density(x))
+    assert task.energy_offset == 0.0  # the original is unchanged
+    cfg = load_config(None, ["task.energy_log_normaliser=true"])
+    problem = build_problem(cfg.task, dtype=torch.float64)
+    assert problem.exact.energy_offset == pytest.approx(
+        problem.exact.with_normalised_energy().energy_offset
+    )

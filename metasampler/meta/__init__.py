@@ -3,6 +3,10 @@
 * :mod:`.stein` — Stein gradient estimator of ``grad log q`` (Li & Turner 2018).
 * :mod:`.losses` — pathwise ELBO surrogates: cross-chain (eq. 10) and in-chain (eq. 11).
 * :mod:`.replay` — FIFO replay pool of chain states (appendix F.3.1).
+* :mod:`.schedule` — the truncation schedule (segment, BPTT window, accumulation, steps per
+  loss, continuing chains, in-chain pool span); :mod:`.unroll` — one window of chain steps;
+  :mod:`.outer` — meta-gradients and the optimiser step; :mod:`.checkpoint` — exact resume;
+  :mod:`.trainer` — the loop that puts them together.
 """
 
 from .losses import (
