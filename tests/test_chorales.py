@@ -244,7 +244,9 @@ def test_run_benchmark_writes_frame_table(tmp_path):
     for key in ("sgld", "adam"):
         stats = summary["methods"][key]["summary"]
         assert math.isfinite(stats["average_nll"]["mean"])
-    assert len(summary["methods"]["sgld"]["tuning"]) == 2
+    sgld = summary["methods"]["sgld"]
+    assert sgld["tuning_grid"] == [0.01, 0.02]
+    assert len(sgld["tuning"]) == 2 + len(sgld["tuning_extensions"])  # grid + its extensions
     assert "nats per frame" in markdown_table(summary)
 
 
