@@ -14,7 +14,14 @@ import pytest
 import safetensors.torch
 import torch
 
-from metasampler.export import HEADER_KEY, SamplerFileError, load_sampler, save_sampler
+from metasampler.export import (
+    FORMAT_VERSION,
+    HEADER_KEY,
+    SamplerFileError,
+    load_sampler,
+    read_header,
+    save_sampler,
+)
 from metasampler.learned import NNSGHMC
 from metasampler.sampler_file import CHECKSUM_FULL, header_checksum
 
@@ -319,7 +326,11 @@ def test_dtype_disagreement_is_not_cast(tmp_path):
 
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("pretrained/*.safetensors")))
-def test_shipped_version_1_files_still_load_with_a_warning(path):
-    with pytest.warns(UserWarning, match="tensors only"):
+def test_shipped_files_are_current_format_and_load_without_a_warning(path):
+    # The shipped samplers were re-saved with upgrade_sampler_file: their checksum covers the
+    # header too, so loading them verifies everything and warns about nothing.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         sampler = load_sampler(path, lr=0.01)
     assert isinstance(sampler, NNSGHMC)
+    assert read_header(path)["format_version"] == FORMAT_VERSION
