@@ -159,12 +159,10 @@ def _tiny_problem(**kw):
     return synthetic_classification_problem(**args)
 
 
-def test_tuner_with_real_runs_picks_the_working_step():
-    """SGLD on a synthetic task: a step too small barely leaves the initialisation, a huge
-    one diverges; the tuner must pick the middle value by validation NLL."""
-    problem = _tiny_problem()
+def sgld_validation_objective(problem, nlls: dict[float, float]):
+    """``lr -> validation NLL`` of a short 3-chain SGLD run on ``problem`` (recorded in
+    ``nlls``); a diverged run raises :class:`NonFiniteError`, as the tuner expects."""
     val = EvalSet(problem.data.x_val, problem.data.y_val)
-    nlls = {}
 
     def objective(lr: float) -> float:
         run = run_method(
@@ -184,6 +182,15 @@ def test_tuner_with_real_runs_picks_the_working_step():
         nlls[lr] = run.final["average_nll"]
         return nlls[lr]
 
+    return objective
+
+
+def test_tuner_with_real_runs_picks_the_working_step():
+    """SGLD on a synthetic task: a step too small barely leaves the initialisation, a huge
+    one diverges; the tuner must pick the middle value by validation NLL."""
+    problem = _tiny_problem()
+    nlls: dict[float, float] = {}
+    objective = sgld_validation_objective(problem, nlls)
     result = tune_step_size(objective, [1e-5, 0.3, 1e6])
     assert result.best == 0.3
     assert result.scores[2][1] == math.inf  # diverged

@@ -9,18 +9,17 @@ import math
 
 import pytest
 import torch
+from test_evaluation import sgld_validation_objective
 
 from metasampler import NNSGHMC, sample
 from metasampler.config import ConfigError, load_benchmark_config
 from metasampler.evaluation import (
-    EvalSet,
     apply_warmup,
     build_method,
     jsonable,
     markdown_table,
     merge_seed_results,
     run_benchmark,
-    run_method,
     set_alpha_from_warmup,
     synthetic_classification_problem,
     tune_step_size,
@@ -93,27 +92,8 @@ def test_extension_with_real_sgld_runs_finds_the_step_beyond_the_grid():
     problem = synthetic_classification_problem(
         n_train=120, n_val=60, n_test=60, n_ood=0, n_features=4, batch_size=30
     )
-    val = EvalSet(problem.data.x_val, problem.data.y_val)
     nlls: dict[float, float] = {}
-
-    def objective(lr: float) -> float:
-        run = run_method(
-            build_method("sgld", {}, lr, n_data=problem.target.n_data, n_steps=40),
-            problem.target,
-            problem.init,
-            main=val,
-            n_chains=3,
-            n_steps=40,
-            burn_in=20,
-            thin=5,
-            eval_every=40,
-            seed=0,
-        )
-        if run.diverged_at is not None:
-            raise NonFiniteError(run.message)
-        nlls[lr] = run.final["average_nll"]
-        return nlls[lr]
-
+    objective = sgld_validation_objective(problem, nlls)
     grid = [0.001, 0.01]
     plain = tune_step_size(objective, grid)
     assert plain.best == 0.01 and plain.interior is False
