@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     repeats = args.repeats or (2 if args.quick else 7)
+    load_before = os.getloadavg()
     lines = []
     if "sampling" in args.parts:
         target, init = mlp_target((40, 40))
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
         print("\n".join(rows), flush=True)
         lines += rows + [""]
+    load_after = os.getloadavg()
     command = "cd /work/main && .venv/bin/python bench/" + " ".join(
         [Path(__file__).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
@@ -236,8 +238,8 @@ Command: `{command}`
 
 Machine: {os.cpu_count()} CPU cores ({platform.machine()}), one torch thread, torch
 {torch.__version__}, Python {platform.python_version()}; run {dt.date.today().isoformat()},
-{repeats} rounds. The cores were shared with other jobs while this ran: absolute times are
-noisy, the interleaved ratios less so.
+{repeats} rounds; load average {load_before[0]:.1f} before and {load_after[0]:.1f} after (other jobs
+on the cores make absolute times noisy; the interleaved ratios less so).
 
 {chr(10).join(lines)}
 """

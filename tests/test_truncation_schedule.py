@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_meta_training import small_settings
 
 from metasampler.config import ConfigError, load_config
 from metasampler.driver import make_generator
@@ -21,26 +22,21 @@ PAPER = dict(accumulate=True, step_per_loss=True, continue_chains=True, in_chain
 
 
 def settings(**overrides) -> TrainSettings:
-    base = dict(
+    """``small_settings`` resized so a segment spans several windows and in-chain samples."""
+    resized = dict(
         epochs=2,
-        sub_epochs=2,
         steps_per_sub_epoch=24,
         n_chains=8,
         unroll=5,
-        cross_chain_every=2,
         in_chain_burn_in=6,
         in_chain_thinning=3,
         in_chain_chains=3,
         replay_prob=0.0,
-        replay_capacity=50,
         checkpoint_every=1,
-        eval_every=0,
-        optimizer_lr=2e-3,
         adam_betas=[0.5, 0.99],
         grad_clip=0.0,
     )
-    base.update(overrides)
-    return TrainSettings(**base)
+    return small_settings(**{**resized, **overrides})
 
 
 def family(dim: int = 3, dtype: torch.dtype = torch.float32) -> ProblemFamily:

@@ -131,7 +131,7 @@ def check_checkpoint_matches(
 
 class CheckpointMixin:
     """Checkpoint methods of :class:`~metasampler.meta.trainer.MetaTrainer` (which holds
-    ``sampler``, ``outer``, ``pool``, ``generator``, ``chain_generator``, ``history``,
+    ``sampler``, ``settings``, ``outer``, ``pool``, ``generator``, ``chain_generator``, ``history``,
     ``epoch``, ``world``, ``shard``, ``run_dir``, ``device`` and ``extra_checkpoint``)."""
 
     @property
