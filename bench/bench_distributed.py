@@ -42,9 +42,9 @@ from torch import nn
 from metasampler import distributed
 from metasampler.bayesian import BayesianModel
 from metasampler.config import load_config
-from metasampler.driver import sample
 from metasampler.learned import NNSGHMC
 from metasampler.meta.trainer import MetaTrainer, TrainSettings
+from metasampler.sampling import sample
 from tasks.registry import Problem, ProblemFamily
 
 SECTION = "## Chains sharded across processes (bench/bench_distributed.py)"

@@ -11,10 +11,10 @@ Quick start::
 
 from . import benchmark, diagnostics, distributed, evaluation, meta, samplers, schedules
 from .bayesian import BayesianModel, Predictive, assign_params, flatten_params, unflatten_params
-from .driver import SampleResult, sample
 from .export import SamplerFileError, SamplerFileWarning, load_sampler, pretrained_samplers
 from .learned import NNSGHMC
 from .posterior import ConvergenceWarning, Summary, summary
+from .sampling import SampleResult, sample
 from .targets import EnergyTarget, Evaluation, NonFiniteError, Target
 
 __all__ = [

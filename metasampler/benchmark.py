@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from . import diagnostics
-from .driver import sample
 from .samplers.base import Sampler
+from .sampling import sample
 
 __all__ = ["gaussian_benchmark"]
 

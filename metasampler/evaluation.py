@@ -41,7 +41,6 @@ import json
 import math
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +53,7 @@ from torch import Tensor, nn
 
 from . import distributed
 from .bayesian import BayesianModel
-from .driver import sample
+from .files import atomic_write_bytes, atomic_write_text, jsonable
 from .samplers import (
     PSGLD,
     SGHMC,
@@ -67,7 +66,9 @@ from .samplers import (
     cyclical_sghmc,
     cyclical_sgld,
 )
+from .sampling import sample
 from .schedules import WarmUp
+from .splits import ClassificationSplits
 from .stepsize import resolve_eta
 from .targets import NonFiniteError
 
@@ -575,24 +576,6 @@ def set_alpha_from_warmup(sampler: Any, alpha_per_step: float | None, eta_warmup
 # Problems
 # ============================================================================================
 @dataclass
-class ClassificationSplits:
-    """The data-side interface the benchmark needs (``tasks.bnn.ClassificationData`` has the
-    same attributes): train / validation / test splits, class count, optional OOD inputs."""
-
-    x_train: Tensor
-    y_train: Tensor
-    x_val: Tensor
-    y_val: Tensor
-    x_test: Tensor
-    y_test: Tensor
-    n_classes: int
-    ood_x: Tensor | None
-    name: str
-    model: nn.Module
-    input_shape: tuple[int, ...]
-
-
-@dataclass
 class SyntheticProblem:
     """Same fields as ``tasks.registry.Problem``: ``target``, ``init``, ``exact``, ``name``,
     ``data``."""
@@ -721,7 +704,7 @@ def run_method(
     current chains enter the running posterior average of every eval set. Every
     ``eval_every`` steps, and after the last step, the labeled ``main`` set is scored for the
     ``K``-chain ensemble and the running average (a learning-curve row, passed to
-    ``on_eval``). Nothing but the accumulators is kept (``store=False`` in the driver).
+    ``on_eval``). Nothing but the accumulators is kept (``store=False`` in ``sample``).
 
     A chain that becomes non-finite ends the run: the rows so far are kept, the final metrics
     are ``nan`` and ``diverged_at`` / ``message`` say where.
@@ -1323,42 +1306,6 @@ def _finite_or(value: float | None, default: float) -> float:
 # ============================================================================================
 # Writing results
 # ============================================================================================
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary sibling of ``path``, fsync, then ``os.replace`` it."""
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """:func:`atomic_write_bytes` for UTF-8 text."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def jsonable(value: Any) -> Any:
-    """Strict JSON: non-finite floats become ``null``; numpy scalars/arrays become Python;
-    mappings (keys as strings), lists and tuples are converted recursively."""
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return jsonable(value.tolist())
-    if isinstance(value, (np.floating, float)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
 def format_mean_se(stat: Mapping[str, float], scale: float = 1.0, digits: int = 3) -> str:
     """``"mean ± se"`` of a :func:`mean_se` dict times ``scale`` (``–`` without a mean, no
     ``± ...`` without a standard error)."""

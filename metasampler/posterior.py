@@ -27,7 +27,7 @@ from . import diagnostics
 from .bayesian import BayesianModel
 
 if TYPE_CHECKING:
-    from .driver import SampleResult
+    from .sampling import SampleResult
 
 __all__ = ["ConvergenceWarning", "Summary", "summary", "to_inference_data"]
 

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from metasampler.bayesian import BayesianModel
-from metasampler.evaluation import ClassificationSplits
+from metasampler.splits import ClassificationSplits
 
 from .data import (
     FASHION_MNIST_DIR,

@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from metasampler.evaluation import ClassificationSplits
+from metasampler.splits import ClassificationSplits
 
 from .data import DataUnavailableError, _cached
 from .registry import Problem
@@ -280,7 +280,7 @@ class GRUModel(nn.Module):
 @dataclass
 class SequenceData(ClassificationSplits):
     """Splits and architecture of a sequence task: the fields of
-    ``metasampler.evaluation.ClassificationSplits`` that the benchmark reads, and more.
+    ``metasampler.splits.ClassificationSplits`` that the benchmark reads, and more.
 
     Attributes:
         x_train, y_train, x_val, y_val, x_test, y_test: inputs and targets

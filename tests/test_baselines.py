@@ -28,7 +28,6 @@ import numpy as np
 import pytest
 import torch
 
-from metasampler.driver import sample
 from metasampler.integrators import gaussian_like
 from metasampler.samplers.base import Sampler
 from metasampler.samplers.optimizers import Adam, SGDMomentum
@@ -36,6 +35,7 @@ from metasampler.samplers.psgld import PSGLD
 from metasampler.samplers.sghmc import SGHMC
 from metasampler.samplers.sgld import SGLD
 from metasampler.samplers.sgnht import SGNHT
+from metasampler.sampling import sample
 from metasampler.targets import EnergyTarget, Evaluation, NonFiniteError
 
 DIM = 4

@@ -42,7 +42,6 @@ from metasampler.distributed import (
     shard_bounds,
     shard_sizes,
 )
-from metasampler.driver import make_generator, sample
 from metasampler.evaluation import (
     EvalSet,
     RunningAverage,
@@ -57,6 +56,7 @@ from metasampler.learned import NNSGHMC
 from metasampler.meta.losses import InChainCollector, combined_loss, cross_chain_loss
 from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError, TrainSettings
 from metasampler.samplers import SGHMC, SGLD
+from metasampler.sampling import make_generator, sample
 from tasks.registry import Problem, ProblemFamily
 
 ROOT = Path(__file__).resolve().parents[1]

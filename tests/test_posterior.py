@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import metasampler as ms
-from metasampler.driver import SampleResult
 from metasampler.export import PRETRAINED_DIR
+from metasampler.sampling import SampleResult
 
 az = pytest.importorskip("arviz")
 

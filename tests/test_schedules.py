@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from metasampler.driver import sample
 from metasampler.samplers.cyclical import cyclical_sghmc, cyclical_sgld
 from metasampler.samplers.sghmc import SGHMC
 from metasampler.samplers.sgld import SGLD
+from metasampler.sampling import sample
 from metasampler.schedules import (
     Constant,
     CyclicalCosine,

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from metasampler.driver import sample
 from metasampler.integrators import (
     gaussian_like,
     thermostat_euler_step,
     thermostat_splitting_step,
 )
 from metasampler.samplers.sgnht import SGNHT
+from metasampler.sampling import sample
 from metasampler.targets import EnergyTarget
 
 DIM = 4

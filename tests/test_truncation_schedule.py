@@ -8,7 +8,6 @@ import torch
 from test_meta_training import small_settings
 
 from metasampler.config import ConfigError, load_config
-from metasampler.driver import make_generator
 from metasampler.learned import NNSGHMC
 from metasampler.meta import trainer as trainer_module
 from metasampler.meta.losses import InChainCollector
@@ -16,6 +15,7 @@ from metasampler.meta.schedule import TruncationSchedule
 from metasampler.meta.stein import stein_score
 from metasampler.meta.trainer import MetaTrainer, TrainSettings
 from metasampler.meta.unroll import unroll_window
+from metasampler.sampling import make_generator
 from tasks.registry import ProblemFamily
 
 PAPER = dict(accumulate=True, step_per_loss=True, continue_chains=True, in_chain_span="segment")

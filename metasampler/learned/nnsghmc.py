@@ -384,7 +384,7 @@ class NNSGHMC(nn.Module, Sampler):
         ``energy_std``) to the statistics of ``p``, ``grad Ũ`` and the per-datum energy seen over
         the run (004 appendix E). Returns them.
         """
-        from ..driver import make_generator, sample  # local: the driver imports samplers
+        from ..sampling import make_generator, sample  # local: sampling imports samplers
 
         self.energy_loc.fill_(0.0)
         for buffer in (self.energy_std, self.momentum_std, self.grad_std):

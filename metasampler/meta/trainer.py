@@ -47,9 +47,9 @@ from tqdm.auto import tqdm
 from .. import distributed
 from ..config import ConfigError, TrainConfig
 from ..distributed import PeerFailureError
-from ..driver import make_generator
 from ..learned.nnsghmc import NNSGHMC
 from ..samplers.base import SamplerState
+from ..sampling import make_generator
 from ..targets import NonFiniteError
 from .checkpoint import CheckpointMixin, History, save_checkpoint
 from .losses import InChainCollector, combined_loss, cross_chain_loss
