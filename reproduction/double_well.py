@@ -177,8 +177,10 @@ def run(cfg: DictConfig) -> ExperimentOutput:
             row["diverged_at_steps"] = first_bad
             if finite.any():
                 x = kept[:, j * c : (j + 1) * c][:, finite].double()
-                row["kl_true_hist"] = dg.histogram_kl(x, log_density, cfg.bins, (lo, hi))
-                row["kl_hist_true"] = task.histogram_kl(x, cfg.bins)
+                row["kl_true_hist"] = dg.histogram_kl(
+                    x, log_density, cfg.bins, (lo, hi), direction="true||hist"
+                )
+                row["kl_hist_true"] = task.histogram_kl(x, cfg.bins, direction="hist||true")
                 row["variance"] = float(x.var())
                 row["xi_final_mean"] = float(trace[-tail:, j * c : (j + 1) * c][:, finite].mean())
                 row["n_samples"] = int(x.numel())
