@@ -127,12 +127,13 @@ class DoubleWell(ToyTask):
         return torch.from_numpy(probs)
 
     def histogram_kl(self, samples: Tensor, n_bins: int = 100, *, direction: str) -> float:
-        """Histogram KL (:func:`metasampler.diagnostics.histogram_kl_from_counts`, which
-        documents ``direction``) between the histogram of ``samples`` on :meth:`grid` and the
-        exact :meth:`bin_probabilities`; samples outside the grid fall in the outer bins.
+        """Histogram KL between the histogram of ``samples`` on :meth:`grid` and the exact
+        :meth:`bin_probabilities`; samples outside the grid fall in the outer bins.
 
-        ``direction`` has no default: ``"hist||true"`` is ``KL(p_hat || p)`` (what this method
-        computed before it took a direction), ``"true||hist"`` is ``KL(p || p_hat)``.
+        Computed by :func:`metasampler.diagnostics.histogram_kl_from_counts`, which documents
+        ``direction``; it has no default here: ``"hist||true"`` is ``KL(p_hat || p)`` (the
+        published ``kl_hist_true`` of ``reproduction/double_well.py``), ``"true||hist"``
+        ``KL(p || p_hat)`` with the smoothed histogram.
         """
         edges = self.grid(n_bins)
         x = samples.detach().double().reshape(-1).cpu()

@@ -11,11 +11,6 @@ from ._arrays import _pooled_2d, _to_numpy
 __all__ = ["mode_coverage"]
 
 
-# --------------------------------------------------------------------------------------------
-# Mode coverage (seed 000 Table 4)
-# --------------------------------------------------------------------------------------------
-
-
 def mode_coverage(
     samples_2d: Any,
     centres: Any,
@@ -26,7 +21,8 @@ def mode_coverage(
 ) -> int | tuple[int, np.ndarray]:
     """Number of modes covered: a mode counts when ``>= min_count`` samples lie within
     ``radius`` (Euclidean, ``||x - c|| <= radius``) of its centre (SPEC §5; seed 000 Table 4,
-    25-Gaussian mixture: radius 0.25, 100 samples). All chains are pooled.
+    25-Gaussian mixture: radius 0.25, 100 samples). All chains are pooled. The one mode count:
+    ``tasks.mixture.GaussianMixtureTask.mode_counts`` / ``modes_covered`` call it.
 
     Args:
         samples_2d: ``(N, d)`` or ``(S, K, d)`` samples (``d = 2`` for the paper's task).

@@ -12,11 +12,6 @@ from .ess import _rank_normalize, _split_chains
 __all__ = ["split_rhat"]
 
 
-# --------------------------------------------------------------------------------------------
-# R-hat
-# --------------------------------------------------------------------------------------------
-
-
 def _rhat_core(x: np.ndarray) -> np.ndarray:
     """Classic R-hat of ``(n, M, D)`` chains (BDA3 eq. 11.4), no splitting."""
     n = x.shape[0]
