@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args(argv)
 
-    from metasampler.config import ConfigError, load_benchmark_config, to_yaml
+    from experiments.benchmark_config import load_benchmark_config
+    from experiments.run_config import to_yaml
+    from metasampler.config import ConfigError
 
     try:
         cfg = load_benchmark_config(args.config, args.overrides)

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=None, help="default: <out_dir>/<name>")
     args = parser.parse_intermixed_args(argv)
 
-    from metasampler.config import ConfigError, load_config, to_yaml
+    from experiments.run_config import load_config, to_yaml
+    from metasampler.config import ConfigError
 
     try:
         cfg = load_config(args.config, args.overrides)

@@ -39,9 +39,9 @@ import torch
 from _common import write_section
 from torch import nn
 
+from experiments.run_config import load_config
 from metasampler import distributed
 from metasampler.bayesian import BayesianModel
-from metasampler.config import load_config
 from metasampler.learned import NNSGHMC
 from metasampler.meta.trainer import MetaTrainer, TrainSettings
 from metasampler.sampling import sample

@@ -185,6 +185,56 @@ def _collect_start(cfg: DictConfig) -> int:
     return math.ceil((cfg.eta / cfg.collect_below) ** (1.0 / cfg.sgld_gamma))
 
 
+def _samplers(cfg: DictConfig, n_steps: int) -> dict[str, tuple[Any, int]]:
+    """``{key: (sampler, burn_in)}`` of the compared samplers for a run of ``n_steps``."""
+    explore = 1.0 - 2.0 / math.pi * math.asin(math.sqrt(cfg.collect_below / cfg.eta))
+    # cosine step eta/2 (cos(pi r) + 1) < collect_below  <=>  r > explore (r in [0, 1))
+    samplers: dict[str, tuple[Any, int]] = {
+        "sgld": (
+            SGLD(eta=cfg.eta, schedule=PolynomialDecay(0.0, cfg.sgld_gamma)),
+            min(_collect_start(cfg), n_steps - cfg.n_keep),
+        ),
+        "csgld": (
+            cyclical_sgld(
+                eta=cfg.eta,
+                total_steps=n_steps,
+                n_cycles=cfg.n_cycles,
+                explore_fraction=explore,
+            ),
+            0,
+        ),
+    }
+    if cfg.nnsghmc.enabled:
+        samplers["nnsghmc"] = (
+            ms.load_sampler(cfg.nnsghmc.path, eta=cfg.nnsghmc.eta),
+            n_steps // 2,
+        )
+    return samplers
+
+
+def _scores(
+    target: SplitMLPTarget, theta: Tensor, x_test: Tensor, y_test: Tensor, y_std: Tensor
+) -> dict[str, Any]:
+    """Test RMSE / NLL and (multivariate, median) ESS of ``theta`` ``(S, n_splits, D)``."""
+    rmse, nll = _predictive(target, theta, x_test, y_test, y_std)
+    t_np = theta.double().numpy()
+    n_splits, dim = t_np.shape[1], t_np.shape[-1]
+    n_batches = min(t_np.shape[0] // 2, 2 * dim)
+    mess = [dg.multivariate_ess(t_np[:, k], n_batches) for k in range(n_splits)]
+    ess_med = [float(np.median(dg.ess(t_np[:, k], split=False))) for k in range(n_splits)]
+    return {
+        "rmse": rmse.tolist(),
+        "nll": nll.tolist(),
+        "mess": mess,
+        "median_ess": ess_med,
+        "rmse_stat": mean_se(rmse),
+        "nll_stat": mean_se(nll),
+        "mess_stat": mean_se(mess),
+        "median_ess_stat": mean_se(ess_med),
+        "mess_batches": n_batches,
+    }
+
+
 def run(cfg: DictConfig) -> ExperimentOutput:
     """RMSE, NLL and mESS over ``n_splits`` splits for every data set and sampler."""
     results: dict[str, Any] = {}
@@ -211,28 +261,7 @@ def run(cfg: DictConfig) -> ExperimentOutput:
         y_std = as_t(y_sd[:, 0])
         steps_per_epoch = math.ceil(target.n_data / cfg.batch_size)
         n_steps = cfg.epochs * steps_per_epoch
-        explore = 1.0 - 2.0 / math.pi * math.asin(math.sqrt(cfg.collect_below / cfg.eta))
-        # cosine step eta/2 (cos(pi r) + 1) < collect_below  <=>  r > explore (r in [0, 1))
-        samplers: dict[str, tuple[Any, int]] = {
-            "sgld": (
-                SGLD(eta=cfg.eta, schedule=PolynomialDecay(0.0, cfg.sgld_gamma)),
-                min(_collect_start(cfg), n_steps - cfg.n_keep),
-            ),
-            "csgld": (
-                cyclical_sgld(
-                    eta=cfg.eta,
-                    total_steps=n_steps,
-                    n_cycles=cfg.n_cycles,
-                    explore_fraction=explore,
-                ),
-                0,
-            ),
-        }
-        if cfg.nnsghmc.enabled:
-            samplers["nnsghmc"] = (
-                ms.load_sampler(cfg.nnsghmc.path, eta=cfg.nnsghmc.eta),
-                n_steps // 2,
-            )
+        samplers = _samplers(cfg, n_steps)
         entry: dict[str, Any] = {
             "n_train": target.n_data,
             "n_test": n_test,
@@ -253,27 +282,11 @@ def run(cfg: DictConfig) -> ExperimentOutput:
             theta = out.theta
             pick = torch.linspace(0, theta.shape[0] - 1, min(cfg.n_keep, theta.shape[0]))
             theta = theta[pick.round().long()]
-            rmse, nll = _predictive(target, theta, x_test, y_test, y_std)
-            t_np = theta.double().numpy()
-            dim = t_np.shape[-1]
-            n_batches = min(t_np.shape[0] // 2, 2 * dim)
-            mess = [dg.multivariate_ess(t_np[:, k], n_batches) for k in range(cfg.n_splits)]
-            ess_med = [
-                float(np.median(dg.ess(t_np[:, k], split=False))) for k in range(cfg.n_splits)
-            ]
             entry[key] = {
                 "burn_in": burn_in,
                 "thin": thin,
                 "n_kept": int(theta.shape[0]),
-                "rmse": rmse.tolist(),
-                "nll": nll.tolist(),
-                "mess": mess,
-                "median_ess": ess_med,
-                "rmse_stat": mean_se(rmse),
-                "nll_stat": mean_se(nll),
-                "mess_stat": mean_se(mess),
-                "median_ess_stat": mean_se(ess_med),
-                "mess_batches": n_batches,
+                **_scores(target, theta, x_test, y_test, y_std),
             }
             traces[name][key] = theta[:, 0, 0].numpy()
         results[name] = entry

@@ -1,7 +1,7 @@
 """Double-well integrator accuracy: mSGNHT with the Euler vs the symmetric-splitting integrator
 (Li, Chen, Fan & Carin, AAAI 2016, seed 001, §3, Fig. 1 and Fig. 2).
 
-``U(x) = (x+4)(x+1)(x-1)(x-3)/14 + 0.5`` (:class:`tasks.toy.DoubleWell`). Seed 001: "the
+``U(x) = (x+4)(x+1)(x-1)(x-3)/14 + 0.5`` (:class:`tasks.double_well.DoubleWell`). Seed 001: "the
 unknown noise in the stochastic gradient is simulated as ``grad Ũ h = grad U h + N(0, 2Bh)``,
 where B = 1. No injecting noise is added", step sizes ``1e-3 ... 0.3``, KL between the true
 and the estimated density from ``10^6`` samples (Fig. 1); the first ``10^5`` samples and the
@@ -9,7 +9,7 @@ thermostat trace at ``h = 1e-3`` and ``h = 0.2`` (Fig. 2), where the thermostat 
 approach its "theoretical value ``xi = 1``".
 
 We read the noise literally: ``N(0, 2Bh)`` on ``h grad U`` is gradient noise of standard
-deviation ``sqrt(2B / h)`` (:meth:`tasks.toy.DoubleWell.noise_std_for` with ``step = h``).
+deviation ``sqrt(2B / h)`` (:meth:`tasks.double_well.DoubleWell.noise_std_for` with ``step = h``).
 It gives the momentum a diffusion ``B`` per unit time, so with ``A = 0`` the thermostat settles
 at ``xi = B = 1``, the value the paper quotes. (SPEC §5's "gradient noise variance 2B" would
 give ``xi -> B h`` instead.)
@@ -177,8 +177,10 @@ def run(cfg: DictConfig) -> ExperimentOutput:
             row["diverged_at_steps"] = first_bad
             if finite.any():
                 x = kept[:, j * c : (j + 1) * c][:, finite].double()
-                row["kl_true_hist"] = dg.histogram_kl(x, log_density, cfg.bins, (lo, hi))
-                row["kl_hist_true"] = task.histogram_kl(x, cfg.bins)
+                row["kl_true_hist"] = dg.histogram_kl(
+                    x, log_density, cfg.bins, (lo, hi), direction="true||hist"
+                )
+                row["kl_hist_true"] = task.histogram_kl(x, cfg.bins, direction="hist||true")
                 row["variance"] = float(x.var())
                 row["xi_final_mean"] = float(trace[-tail:, j * c : (j + 1) * c][:, finite].mean())
                 row["n_samples"] = int(x.numel())

@@ -40,9 +40,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from metasampler.bayesian import BayesianModel
 from metasampler.splits import ClassificationSplits
 
+from .chorales import build_chorale_problem
 from .data import (
     FASHION_MNIST_DIR,
     DataUnavailableError,
@@ -50,7 +50,7 @@ from .data import (
     load_fashion_mnist,
     load_mnist,
 )
-from .registry import Problem
+from .problem import Problem, enum_value, problem_from_splits, split_indices
 
 __all__ = [
     "ClassificationData",
@@ -197,27 +197,6 @@ def restrict_classes(
     return x[keep], new[keep]
 
 
-def split_indices(
-    n: int, n_val: int, n_test: int, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Disjoint sorted index sets ``(train, val, test)`` covering ``range(n)``: a permutation
-    from ``numpy.random.default_rng(seed)``; its first ``n_test`` entries are the test set,
-    the next ``n_val`` the validation set, the rest the training set."""
-    if seed < 0:
-        raise ValueError(f"the data split seed must be >= 0, got {seed}")
-    if min(n_val, n_test) < 0 or n_val + n_test >= n:
-        raise ValueError(f"cannot split {n} examples into {n_val} val + {n_test} test + train")
-    perm = np.random.default_rng(int(seed)).permutation(int(n))
-    test = np.sort(perm[:n_test])
-    val = np.sort(perm[n_test : n_test + n_val])
-    train = np.sort(perm[n_test + n_val :])
-    return train, val, test
-
-
-def _value(x: Any) -> Any:
-    return getattr(x, "value", x)
-
-
 def _load_source(kind: str, data_dir: str | None):
     """``(x_pool, y_pool, x_test, y_test)``; the test arrays are ``None`` when the source has
     no official test set (then the test split comes out of the pool)."""
@@ -250,7 +229,7 @@ def build_classification_data(
     """The data splits, architecture and OOD inputs of a ``mnist_mlp`` / ``fmnist_cnn``
     task config (see the module docstring for the split rule); ``seed`` defaults to
     ``cfg.seed`` and fixes the split and the module's (unused) initial weights."""
-    kind = str(_value(cfg.kind))
+    kind = str(enum_value(cfg.kind))
     if kind == "chorale_gru":
         raise ValueError(
             "task kind chorale_gru is a sequence task, not a classification one: use "
@@ -260,7 +239,7 @@ def build_classification_data(
         raise ValueError(f"build_bnn_problem handles {BNN_KINDS}, got task kind {kind!r}")
     seed = int(cfg.seed if seed is None else seed)
     hidden = [int(h) for h in cfg.hidden]
-    activation = _value(cfg.activation)
+    activation = enum_value(cfg.activation)
     data_dir = None if cfg.data_dir is None else str(cfg.data_dir)
 
     x_pool, y_pool, x_test, y_test = _load_source(kind, data_dir)
@@ -325,7 +304,7 @@ def build_bnn_problem(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> Problem:
-    """A :class:`tasks.registry.Problem` for a Bayesian-neural-network task config.
+    """A :class:`tasks.problem.Problem` for a Bayesian-neural-network task config.
 
     ``target``: :class:`metasampler.BayesianModel` on the training split (categorical
     likelihood, ``prior_std = cfg.prior_std``, ``batch_size = cfg.batch_size``);
@@ -339,57 +318,7 @@ def build_bnn_problem(
 
     ``chorale_gru`` is handed to :func:`tasks.chorales.build_chorale_problem`.
     """
-    if str(_value(cfg.kind)) == "chorale_gru":
-        from .chorales import build_chorale_problem  # (music21 only when asked for)
-
+    if str(enum_value(cfg.kind)) == "chorale_gru":
         return build_chorale_problem(cfg, seed=seed, device=device, dtype=dtype)
     data = build_classification_data(cfg, seed=seed, device=device, dtype=dtype)
     return problem_from_splits(data, cfg, "categorical", device=device, dtype=dtype)
-
-
-def problem_from_splits(
-    data: ClassificationSplits,
-    cfg: Any,
-    likelihood: str,
-    *,
-    unit: str = "examples",
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-) -> Problem:
-    """A :class:`tasks.registry.Problem` of a Bayesian network on the training split of ``data``.
-
-    ``target``: :class:`metasampler.BayesianModel` of ``data.model`` on
-    ``(data.x_train, data.y_train)`` with ``likelihood``, ``prior_std = cfg.prior_std`` and
-    ``batch_size = cfg.batch_size``; ``init(n_chains, generator)``:
-    ``target.init_positions(..., scheme="module")``; ``exact``: ``None``; ``name``:
-    ``data.name``; ``data``: ``data``.
-
-    Args:
-        data: the splits and architecture (:class:`ClassificationData`,
-            ``tasks.chorales.SequenceData``).
-        cfg: the task config (reads ``batch_size`` and ``prior_std``).
-        likelihood: a :class:`metasampler.BayesianModel` likelihood name.
-        unit: what one training item is called in the batch-size error message.
-
-    Raises:
-        ValueError: ``cfg.batch_size`` exceeds the number of training items.
-    """
-    n_train = len(data.y_train)
-    if int(cfg.batch_size) > n_train:
-        raise ValueError(
-            f"task.batch_size={cfg.batch_size} exceeds the {n_train} training {unit} of {data.name}"
-        )
-    target = BayesianModel(
-        data.model,
-        (data.x_train, data.y_train),
-        likelihood=likelihood,
-        prior_std=float(cfg.prior_std),
-        batch_size=int(cfg.batch_size),
-        dtype=dtype,
-        device=device,
-    )
-
-    def init(n_chains: int, generator: torch.Generator) -> Tensor:
-        return target.init_positions(n_chains, generator, scheme="module")
-
-    return Problem(target=target, init=init, exact=None, name=data.name, data=data)

@@ -28,7 +28,7 @@ With music21 10.5: Bach has 364 four-part chorales (of 408 ``.mxl`` files), 19,8
 72,058 frames (36-1,776 per piece, mean 360), 3.7 keys per frame. Pitches used: MIDI 36-81
 (Bach), 41-81 (Palestrina).
 
-**Splits**: pieces (not frames) are split by :func:`tasks.bnn.split_indices` with the data
+**Splits**: pieces (not frames) are split by :func:`tasks.problem.split_indices` with the data
 seed: 20% test, 20% validation, the rest training (JSB: 229 / 76 / 77 of 382 pieces).
 
 **Sequences**: every piece is a sequence of frames ``r_0 .. r_{L-1}``; the GRU reads the
@@ -62,7 +62,7 @@ from torch import Tensor, nn
 from metasampler.splits import ClassificationSplits
 
 from .data import DataUnavailableError, _cached
-from .registry import Problem
+from .problem import Problem, enum_value, problem_from_splits, split_indices
 
 __all__ = [
     "DATASETS",
@@ -303,10 +303,6 @@ class SequenceData(ClassificationSplits):
         return {"train": len(self.y_train), "val": len(self.y_val), "test": len(self.y_test)}
 
 
-def _value(x: Any) -> Any:
-    return getattr(x, "value", x)
-
-
 def build_sequence_data(
     cfg: Any,
     seed: int | None = None,
@@ -325,15 +321,13 @@ def build_sequence_data(
         ValueError: more than one hidden width, an unknown dataset, or fewer than 3 pieces.
         DataUnavailableError: music21 is missing.
     """
-    from .bnn import split_indices  # (tasks.bnn imports this module lazily)
-
     seed = int(cfg.seed if seed is None else seed)
     hidden = [int(h) for h in cfg.hidden]
     if len(hidden) != 1:
         raise ValueError(f"chorale_gru has one GRU layer: task.hidden must be [H], got {hidden}")
     seq_len = int(cfg.seq_len)
     if rolls is None:
-        dataset = str(_value(cfg.dataset))
+        dataset = str(enum_value(cfg.dataset))
         rolls, _ = load_piano_rolls(dataset)
     else:
         dataset = "custom"
@@ -374,7 +368,7 @@ def build_chorale_problem(
     dtype: torch.dtype = torch.float32,
     rolls: Sequence[np.ndarray] | None = None,
 ) -> Problem:
-    """A :class:`tasks.registry.Problem` for a ``chorale_gru`` task config.
+    """A :class:`tasks.problem.Problem` for a ``chorale_gru`` task config.
 
     ``target``: :class:`metasampler.BayesianModel` of the GRU on the training chunks
     (``"bernoulli_sequence"`` likelihood, ``prior_std = cfg.prior_std``, minibatches of
@@ -387,8 +381,6 @@ def build_chorale_problem(
             than the number of training chunks.
         DataUnavailableError: music21 is missing.
     """
-    from .bnn import problem_from_splits  # (tasks.bnn imports this module lazily)
-
     data = build_sequence_data(cfg, seed=seed, device=device, dtype=dtype, rolls=rolls)
     return problem_from_splits(
         data, cfg, "bernoulli_sequence", unit="chunks", device=device, dtype=dtype

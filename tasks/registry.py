@@ -1,43 +1,22 @@
-"""Build sampling problems from a :class:`metasampler.config.TaskConfig`.
+"""Build sampling problems from a :class:`experiments.run_config.TaskConfig`.
 
-A :class:`Problem` is what the meta-trainer and the evaluators need: a target, a way to draw
-initial positions for ``K`` chains, and (for toy targets) the exact task for KL/moments.
+A :class:`~tasks.problem.Problem` is what the meta-trainer and the evaluators need: a target, a
+way to draw initial positions for ``K`` chains, and (for toy targets) the exact task for
+KL/moments. Toy Gaussians are built here, Bayesian networks by :mod:`tasks.bnn`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from metasampler.config import TaskConfig, TaskKind
-from metasampler.targets import Target
+from experiments.run_config import TaskConfig, TaskKind
 
-from .toy import GaussianTask, gaussian, paper_test_gaussian, paper_train_gaussian
+from .bnn import build_bnn_problem
+from .gaussian import GaussianTask, gaussian, paper_test_gaussian, paper_train_gaussian
+from .problem import Problem
 
 __all__ = ["Problem", "build_problem", "ProblemFamily"]
-
-
-@dataclass
-class Problem:
-    """A target plus how its chains start.
-
-    Attributes:
-        target: the K-chain target.
-        init: ``(n_chains, generator) -> (K, D)`` initial positions.
-        exact: the toy task with exact moments (``None`` for Bayesian models).
-        name: a short label for logs.
-        data: for Bayesian models, the data splits and model (see ``tasks.bnn``).
-    """
-
-    target: Target
-    init: Callable[[int, torch.Generator], Tensor]
-    exact: GaussianTask | None
-    name: str
-    data: Any = None
 
 
 def _uniform_init(dim: int, low: float, high: float, dtype: torch.dtype, device):
@@ -80,9 +59,7 @@ def build_problem(
         target = task.target(cfg.grad_noise_std, dtype=dtype, device=device)
         init = _uniform_init(task.dim, cfg.init_low, cfg.init_high, dtype, device)
         return Problem(target, init, task, f"{kind.value}(D={task.dim}, seed={seed})")
-    from . import bnn  # heavier imports (data sets) only when asked for
-
-    return bnn.build_bnn_problem(cfg, seed=seed, device=device, dtype=dtype)
+    return build_bnn_problem(cfg, seed=seed, device=device, dtype=dtype)
 
 
 class ProblemFamily:

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from metasampler.config import load_config
+from experiments.run_config import load_config
 from metasampler.distributed import (
     all_gather_rows,
     chain_shard,

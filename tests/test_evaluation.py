@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiments.benchmark_config import load_benchmark_config
 from metasampler import NNSGHMC, sample, staging
-from metasampler.config import ConfigError, load_benchmark_config
+from metasampler.config import ConfigError
 from metasampler.evaluation import (
     EvalSet,
     RunningAverage,

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import metasampler as ms
-from metasampler.config import ConfigError, load_config
+from experiments.run_config import load_config
+from metasampler.config import ConfigError
 from metasampler.learned import NNSGHMC
 from metasampler.meta import trainer as trainer_module
 from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError, TrainSettings

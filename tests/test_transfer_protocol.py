@@ -11,8 +11,9 @@ import pytest
 import torch
 from test_evaluation import sgld_validation_objective
 
+from experiments.benchmark_config import load_benchmark_config
 from metasampler import NNSGHMC, sample
-from metasampler.config import ConfigError, load_benchmark_config
+from metasampler.config import ConfigError
 from metasampler.evaluation import (
     apply_warmup,
     build_method,

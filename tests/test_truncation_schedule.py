@@ -7,7 +7,8 @@ import pytest
 import torch
 from test_meta_training import small_settings
 
-from metasampler.config import ConfigError, load_config
+from experiments.run_config import load_config
+from metasampler.config import ConfigError
 from metasampler.learned import NNSGHMC
 from metasampler.meta import trainer as trainer_module
 from metasampler.meta.losses import InChainCollector

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from metasampler.config import ConfigError, load_benchmark_config, load_config
+from experiments.benchmark_config import load_benchmark_config
+from experiments.run_config import load_config
+from metasampler.config import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOADERS = [load_config, load_benchmark_config]
 
 

@@ -35,7 +35,7 @@ from reproduction.mixture25 import Mixture25Config, coverage
 from reproduction.mixture25 import validate as validate25
 from tasks.toy import mixture_25
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cfg25(**overrides) -> OmegaConf:

@@ -13,9 +13,11 @@ import pytest
 import torch
 from torch import nn
 
+from experiments.benchmark_config import load_benchmark_config
+from experiments.run_config import TaskConfig, load_config
 from metasampler import BayesianModel
 from metasampler.bayesian import bernoulli_frame_log_lik, bernoulli_sequence_log_lik
-from metasampler.config import ConfigError, TaskConfig, load_benchmark_config, load_config
+from metasampler.config import ConfigError
 from metasampler.evaluation import (
     EvalSet,
     build_method,

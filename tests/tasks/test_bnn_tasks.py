@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from experiments.run_config import TaskConfig
 from metasampler import BayesianModel
-from metasampler.config import TaskConfig
 from tasks import data as data_mod
 from tasks.bnn import (
     ClassificationData,
@@ -398,7 +398,7 @@ def test_train_meta_runs_end_to_end_on_mnist_mlp(tmp_path):
 
     import metasampler as ms
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [
