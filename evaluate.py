@@ -50,26 +50,6 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def _data_unavailable_error() -> type[BaseException]:
-    try:
-        from tasks.data import DataUnavailableError
-    except ImportError:
-
-        class DataUnavailableError(Exception):  # never raised: no tasks.data module
-            pass
-
-    return DataUnavailableError
-
-
-def _install_hint(err: BaseException) -> str:
-    """The install command a ``DataUnavailableError`` carries, if not already in its text."""
-    for attr in ("install_command", "command", "install", "hint"):
-        value = getattr(err, attr, None)
-        if isinstance(value, str) and value and value not in str(err):
-            return f"\n  install with: {value}"
-    return ""
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -79,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args(argv)
 
-    from metasampler.config import ConfigError, load_benchmark_config, to_yaml
+    from experiments.benchmark_config import load_benchmark_config
+    from metasampler.config import ConfigError, to_yaml
 
     try:
         cfg = load_benchmark_config(args.config, args.overrides)
@@ -87,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"config: {err}")
 
     from metasampler import distributed
-    from metasampler.evaluation import (
+    from metasampler.benchmark import (
         run_benchmark,
         synthetic_classification_problem,
         write_results,
@@ -123,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"{sampler_path}: {err}")
 
     # 2. The data and the model.
-    DataUnavailableError = _data_unavailable_error()
+    from tasks.data import DataUnavailableError
+
     try:
         if cfg.synthetic is not None:
             s = cfg.synthetic
@@ -147,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
             problem = build_problem(cfg.task, seed=cfg.task.seed, device=device)
     except DataUnavailableError as err:
-        return _fail(f"data unavailable: {err}{_install_hint(err)}")
+        return _fail(f"data unavailable: {err}")
     except ImportError as err:
         return _fail(f"cannot build task {cfg.task.kind.value!r}: {err}")
     except ValueError as err:  # bad classes, batch size larger than the data, ...

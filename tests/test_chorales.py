@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from experiments.benchmark_config import load_benchmark_config
 from metasampler import BayesianModel
 from metasampler.bayesian import bernoulli_frame_log_lik, bernoulli_sequence_log_lik
-from metasampler.config import ConfigError, TaskConfig, load_benchmark_config, load_config
-from metasampler.evaluation import (
+from metasampler.benchmark import (
     EvalSet,
     build_method,
     ensemble_log_probs_from_lp,
@@ -27,6 +27,7 @@ from metasampler.evaluation import (
     run_benchmark,
     run_method,
 )
+from metasampler.config import ConfigError, TaskConfig, load_config
 from tasks import chorales
 from tasks.chorales import GRUModel, build_chorale_problem, make_sequences, piano_roll
 from tasks.data import DataUnavailableError

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from metasampler.config import ConfigError, load_benchmark_config, load_config
+from experiments.benchmark_config import load_benchmark_config
+from metasampler.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 LOADERS = [load_config, load_benchmark_config]

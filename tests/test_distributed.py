@@ -33,16 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from metasampler.config import load_config
-from metasampler.distributed import (
-    all_gather_rows,
-    chain_shard,
-    failure_guard,
-    rank_seed,
-    shard_bounds,
-    shard_sizes,
-)
-from metasampler.evaluation import (
+from metasampler.benchmark import (
     EvalSet,
     RunningAverage,
     ensemble_log_probs_from_lp,
@@ -51,6 +42,15 @@ from metasampler.evaluation import (
     predictive_entropy,
     run_method,
     synthetic_classification_problem,
+)
+from metasampler.config import load_config
+from metasampler.distributed import (
+    all_gather_rows,
+    chain_shard,
+    failure_guard,
+    rank_seed,
+    shard_bounds,
+    shard_sizes,
 )
 from metasampler.learned import NNSGHMC
 from metasampler.meta.losses import InChainCollector, combined_loss, cross_chain_loss

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from . import diagnostics
-from .samplers.base import Sampler
-from .sampling import sample
+from .. import diagnostics
+from ..samplers.base import Sampler
+from ..sampling import sample
 
 __all__ = ["gaussian_benchmark"]
 

@@ -1,0 +1,1 @@
+"""The application's experiment config schemas (run configs, benchmark configs)."""
