@@ -1,5 +1,5 @@
 """The Bayesian GRU sequence task (``tasks.chorales``): the vmappable GRU, the per-frame
-Bernoulli likelihood with padding, per-frame ensemble scoring in ``metasampler.evaluation``,
+Bernoulli likelihood with padding, per-frame ensemble scoring in ``metasampler.benchmark``,
 and the problem end to end on synthetic piano rolls. The music21 tests skip without the
 ``music`` extra (CI does not install it)."""
 
