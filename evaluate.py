@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return _fail(f"config: {err}")
 
+    from omegaconf import OmegaConf
+
     from metasampler import distributed
     from metasampler.benchmark import (
         run_benchmark,
@@ -108,22 +110,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if cfg.synthetic is not None:
-            s = cfg.synthetic
-            problem = synthetic_classification_problem(
-                n_train=s.n_train,
-                n_val=s.n_val,
-                n_test=s.n_test,
-                n_ood=s.n_ood,
-                n_features=s.n_features,
-                n_classes=s.n_classes,
-                hidden=list(s.hidden),
-                activation=s.activation.value,
-                separation=s.separation,
-                batch_size=s.batch_size,
-                prior_std=s.prior_std,
-                seed=s.seed,
-                device=device,
-            )
+            settings = OmegaConf.to_container(cfg.synthetic, resolve=True)
+            settings["activation"] = cfg.synthetic.activation.value
+            problem = synthetic_classification_problem(**settings, device=device)
         else:
             from tasks.registry import build_problem
 

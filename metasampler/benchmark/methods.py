@@ -102,39 +102,48 @@ class PSGLDMethod(MethodGrid):
 
 
 @dataclass
-class SGHMCMethod(MethodGrid):
+class _Friction(MethodGrid):
     """``momentum_decay`` is the per-step friction ``a = eta * C`` (paper: 0.01), so the
     friction ``C = a / eta`` follows the tuned step."""
 
-    lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
     momentum_decay: float = 0.01
 
 
 @dataclass
-class SGNHTMethod(MethodGrid):
+class _Cycles(MethodGrid):
+    """``n_cycles`` cosine cycles over the run, the first ``explore_fraction`` of each
+    exploring (temperature 0)."""
+
+    n_cycles: int = 4
+    explore_fraction: float = 0.25
+
+
+@dataclass
+class SGHMCMethod(_Friction):
+    """SGHMC with friction ``C = momentum_decay / eta``."""
+
+    lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
+
+
+@dataclass
+class SGNHTMethod(_Friction):
     """mSGNHT with the symmetric-splitting integrator; diffusion ``A = momentum_decay / eta``."""
 
     lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
-    momentum_decay: float = 0.01
 
 
 @dataclass
-class CyclicalSGLDMethod(MethodGrid):
-    """cSGLD: ``n_cycles`` cosine cycles, the first ``explore_fraction`` of each exploring."""
+class CyclicalSGLDMethod(_Cycles):
+    """cSGLD."""
 
     lr_grid: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.8])
-    n_cycles: int = 4
-    explore_fraction: float = 0.25
 
 
 @dataclass
-class CyclicalSGHMCMethod(MethodGrid):
+class CyclicalSGHMCMethod(_Friction, _Cycles):
     """cSGHMC: cSGLD's cycles with SGHMC's per-step friction."""
 
     lr_grid: list[float] = field(default_factory=lambda: [0.01, 0.02, 0.04])
-    n_cycles: int = 4
-    explore_fraction: float = 0.25
-    momentum_decay: float = 0.01
 
 
 @dataclass

@@ -87,12 +87,16 @@ class _Setting:
     tb_root: Path
     main_process: bool
 
-    def run(self, sampler: Sampler, **budget: Any) -> MethodRun:
-        """:func:`run_method` on the problem's target, with the shared scoring settings."""
+    def run(self, sampler: Sampler, phase: Any, **budget: Any) -> MethodRun:
+        """:func:`run_method` on the problem's target, with the shared scoring settings and
+        the run length, burn-in and thinning of ``phase`` (``cfg.budget`` or ``cfg.tune``)."""
         return run_method(
             sampler,
             self.problem.target,
             self.problem.init,
+            n_steps=phase.n_steps,
+            burn_in=phase.burn_in,
+            thin=phase.thin,
             eval_batch_size=self.cfg.budget.eval_batch_size,
             ece_bins=self.cfg.ece_bins,
             on_step=self.progress.tick,
@@ -171,11 +175,9 @@ class MethodBenchmark:
             progress.extend(tune.n_steps)
         result = self.setting.run(
             self.make(lr, tune.n_steps),
+            tune,
             main=self.setting.val,
             n_chains=tune.n_chains or self.setting.cfg.budget.n_chains,
-            n_steps=tune.n_steps,
-            burn_in=tune.burn_in,
-            thin=tune.thin,
             eval_every=tune.n_steps,
             seed=tune.seed,
         )
@@ -255,12 +257,10 @@ class MethodBenchmark:
         curve_log = _CurveLogger(setting.writer(self.spec.key, f"seed{seed}"))
         result = setting.run(
             self.make(chosen, budget.n_steps),
+            budget,
             main=setting.test,
             extra=setting.extra,
             n_chains=budget.n_chains,
-            n_steps=budget.n_steps,
-            burn_in=budget.burn_in,
-            thin=budget.thin,
             eval_every=budget.eval_every,
             seed=seed,
             on_eval=curve_log,
