@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import distributed
 from ..bayesian import BayesianModel
+from ..distributed import all_reduce_sum, chain_shard, logsumexp_over_ranks, peer_status, world_size
 from ..samplers import Sampler, SamplerState
 from ..sampling import sample
 from ..targets import NonFiniteError
@@ -141,7 +141,7 @@ class MethodRunner:
         self.burn_in, self.thin, self.eval_every = burn_in, thin, eval_every
         self.eval_batch_size = eval_batch_size
         self.on_step, self.on_eval = on_step, on_eval
-        self.shard = distributed.chain_shard(n_chains)  # this rank's chains (all if single)
+        self.shard = chain_shard(n_chains)  # this rank's chains (all if single)
         self.averages = {name: RunningAverage() for name in ("main", *self.extra)}
         self.curves: list[dict[str, float]] = []
         self.sampling_seconds, self._mark, self._step = 0.0, 0.0, 0
@@ -233,7 +233,7 @@ class MethodRunner:
         """Sharded runs, at every scoring step: stop here too if another rank's chains
         diverged (that rank reports at the scoring step the others wait at; no rank is left
         hanging)."""
-        failure = distributed.peer_status(None)
+        failure = peer_status(None)
         if failure is not None:
             self.peer_failed = True
             raise NonFiniteError(f"rank {failure.rank}: {failure.detail}", step=failure.step)
@@ -245,7 +245,7 @@ class MethodRunner:
         if self.shard.world > 1 and not self.peer_failed:
             # This rank's chains diverged: tell the other ranks, which wait for it at their
             # next scoring step, so that all ranks stop together with the same message.
-            failure = distributed.peer_status(err)
+            failure = peer_status(err)
             step, message = failure.step, f"rank {failure.rank}: {failure.detail}"
         return (self._step + 1 if step is None else step), message
 
@@ -343,18 +343,18 @@ def run_method(
 # step grows with the eval set, not with K or D. Single process: the local values as they are.
 def _ensemble_lp(log_probs: Tensor, n_total: int) -> Tensor:
     """``log(1/K sum_k p_k)`` over all ranks' chains from this rank's ``(k, B, C)``."""
-    if distributed.world_size() == 1:
+    if world_size() == 1:
         return ensemble_log_probs_from_lp(log_probs)
-    log_sum = distributed.logsumexp_over_ranks(torch.logsumexp(log_probs, 0))
+    log_sum = logsumexp_over_ranks(torch.logsumexp(log_probs, 0))
     return log_sum - math.log(n_total)
 
 
 def _merged(average: RunningAverage) -> RunningAverage:
     """One running average of all ranks' chains (``average`` itself in a single process)."""
-    if distributed.world_size() == 1 or average.log_sum is None:
+    if world_size() == 1 or average.log_sum is None:
         return average
     count = torch.tensor([float(average.count)], dtype=torch.float64)
     return RunningAverage.from_log_sum(
-        distributed.logsumexp_over_ranks(average.log_sum),
-        int(distributed.all_reduce_sum(count).item()),
+        logsumexp_over_ranks(average.log_sum),
+        int(all_reduce_sum(count).item()),
     )

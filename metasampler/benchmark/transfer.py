@@ -17,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from .. import distributed
+from ..distributed import is_main_process, world_size
 from ..samplers import Sampler
 from ..schedules import WarmUp
 from ..targets import NonFiniteError
@@ -335,7 +335,7 @@ def run_benchmark(
     methods share the seed ``s`` for run ``s``, hence the same initial positions and
     minibatch sequence where their random-number use agrees.
     """
-    main_process = distributed.is_main_process()  # torchrun: only rank 0 reports and writes
+    main_process = is_main_process()  # torchrun: only rank 0 reports and writes
     test, extra, val = _eval_sets(cfg, problem.data, problem.target.device)
     setting = _Setting(
         cfg,
@@ -368,7 +368,7 @@ def _summary(setting: _Setting, methods: dict[str, Any]) -> dict[str, Any]:
     """The ``results.json`` document."""
     cfg, problem = setting.cfg, setting.problem
     data, target = problem.data, problem.target
-    world = distributed.world_size()
+    world = world_size()
     summary = {
         "name": cfg.name,
         "task": problem.name,
