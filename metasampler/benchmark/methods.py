@@ -267,7 +267,15 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     spec.key: spec
     for spec in (
-        MethodSpec("nnsghmc", "NNSGHMC", NNSGHMCMethod, NNSGHMC, _nnsghmc, True, "lr", True, True),
+        MethodSpec(
+            "nnsghmc",
+            "NNSGHMC",
+            NNSGHMCMethod,
+            NNSGHMC,
+            _nnsghmc,
+            stored_step=True,
+            warmup_alpha=True,
+        ),
         MethodSpec("sgld", "SGLD", SGLDMethod, SGLD, lambda o, lr, c: SGLD(lr=lr)),
         MethodSpec(
             "psgld",
@@ -294,7 +302,9 @@ METHODS: dict[str, MethodSpec] = {
             lambda o, lr, c: SGDMomentum(lr=lr, momentum=o["momentum"]),
             is_sampler=False,
         ),
-        MethodSpec("adam", "Adam", AdamMethod, Adam, lambda o, lr, c: Adam(lr=lr), False),
+        MethodSpec(
+            "adam", "Adam", AdamMethod, Adam, lambda o, lr, c: Adam(lr=lr), is_sampler=False
+        ),
     )
 }
 
