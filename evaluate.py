@@ -50,24 +50,100 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def _data_unavailable_error() -> type[BaseException]:
+class _Stop(Exception):
+    """Ends the run with ``message`` and exit status ``code`` (see :func:`_fail`)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+def _sampler_path(cfg, option: str | None) -> str | None:
+    """The NNSGHMC file, validated before any work (``None`` when NNSGHMC is off)."""
+    from metasampler.export import SamplerFileError, load_sampler
+
+    if not cfg.methods.nnsghmc.enabled:
+        return None
+    sampler_path = option or cfg.sampler_path
+    if not sampler_path:
+        raise _Stop(
+            "methods.nnsghmc is enabled but no sampler file is given: pass --sampler PATH "
+            "or set sampler_path (or methods.nnsghmc.enabled=false)"
+        )
+    grid = list(cfg.methods.nnsghmc.lr_grid)
     try:
-        from tasks.data import DataUnavailableError
-    except ImportError:
+        load_sampler(sampler_path, lr=grid[0] if grid else None)
+    except FileNotFoundError:
+        raise _Stop(
+            f"sampler file not found: {sampler_path} (pass --sampler PATH, e.g. the "
+            "sampler.safetensors that train_meta.py writes into <out_dir>/<name>/, or run "
+            "the baselines only with methods.nnsghmc.enabled=false)"
+        ) from None
+    except SamplerFileError as err:
+        raise _Stop(str(err)) from None
+    except ValueError as err:  # e.g. no step given and none stored in the file
+        raise _Stop(f"{sampler_path}: {err}") from None
+    return sampler_path
 
-        class DataUnavailableError(Exception):  # never raised: no tasks.data module
-            pass
 
-    return DataUnavailableError
+def _build_problem(cfg, device):
+    """The data and the model: the synthetic problem, else the task's."""
+    from omegaconf import OmegaConf
+
+    from metasampler.benchmark import synthetic_classification_problem
+    from tasks.data import DataUnavailableError
+
+    try:
+        if cfg.synthetic is not None:
+            settings = OmegaConf.to_container(cfg.synthetic, resolve=True)
+            settings["activation"] = cfg.synthetic.activation.value
+            problem = synthetic_classification_problem(**settings, device=device)
+        else:
+            from tasks.registry import build_problem
+
+            problem = build_problem(cfg.task, seed=cfg.task.seed, device=device)
+    except DataUnavailableError as err:
+        raise _Stop(f"data unavailable: {err}") from None
+    except ImportError as err:
+        raise _Stop(f"cannot build task {cfg.task.kind.value!r}: {err}") from None
+    except ValueError as err:  # bad classes, batch size larger than the data, ...
+        raise _Stop(f"task: {err}") from None
+    if not hasattr(problem.data, "x_val") or not hasattr(problem.target, "forward"):
+        raise _Stop(
+            f"task {problem.name!r} is not a classification problem (evaluate.py needs "
+            "Problem.data with train/val/test splits)"
+        )
+    return problem
 
 
-def _install_hint(err: BaseException) -> str:
-    """The install command a ``DataUnavailableError`` carries, if not already in its text."""
-    for attr in ("install_command", "command", "install", "hint"):
-        value = getattr(err, attr, None)
-        if isinstance(value, str) and value and value not in str(err):
-            return f"\n  install with: {value}"
-    return ""
+def _run_and_publish(cfg, problem, sampler_path: str | None, main_process: bool):
+    """Run into a staging directory; publish only a complete result, swapped in as a whole
+    (the previous results stay until then). Stale staging left by killed runs goes first.
+    ``None`` when interrupted (nothing written)."""
+    from experiments.run_config import to_yaml
+    from metasampler.benchmark import run_benchmark, write_results
+    from metasampler.staging import clean_stale, new_staging_dir, publish_directory
+
+    out_root = Path(cfg.out_dir)
+    staging = out_root / f".{cfg.name}.partial-unused"  # (ranks > 0 write nothing)
+    if main_process:
+        out_root.mkdir(parents=True, exist_ok=True)
+        clean_stale(out_root, cfg.name)
+        staging = new_staging_dir(out_root, cfg.name)
+    try:
+        result = run_benchmark(
+            cfg, problem, sampler_path=sampler_path, out_dir=staging, progress=cfg.progress
+        )
+        if main_process:
+            write_results(result, staging, to_yaml(cfg))
+            publish_directory(staging, out_root / cfg.name)
+    except KeyboardInterrupt:
+        print("interrupted; nothing written", file=sys.stderr)
+        return None
+    finally:
+        if main_process:  # a failed run's staging, or the previous results after the swap
+            shutil.rmtree(staging, ignore_errors=True)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from experiments.benchmark_config import load_benchmark_config
-    from experiments.run_config import to_yaml
     from metasampler.config import ConfigError
 
     try:
@@ -89,110 +164,28 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"config: {err}")
 
     from metasampler import distributed
-    from metasampler.evaluation import (
-        run_benchmark,
-        synthetic_classification_problem,
-        write_results,
-    )
-    from metasampler.export import SamplerFileError, load_sampler
-    from metasampler.staging import clean_stale, new_staging_dir, publish_directory
 
     # Threads; under torchrun also join the process group (one GPU per process for CUDA).
     device = distributed.init_from_config(cfg)
     main_process = distributed.is_main_process()  # rank 0 prints and writes the results
-
-    # 1. The sampler file, validated before any work.
-    sampler_path = None
-    if cfg.methods.nnsghmc.enabled:
-        sampler_path = args.sampler or cfg.sampler_path
-        if not sampler_path:
-            return _fail(
-                "methods.nnsghmc is enabled but no sampler file is given: pass --sampler PATH "
-                "or set sampler_path (or methods.nnsghmc.enabled=false)"
-            )
-        grid = list(cfg.methods.nnsghmc.lr_grid)
-        try:
-            load_sampler(sampler_path, lr=grid[0] if grid else None)
-        except FileNotFoundError:
-            return _fail(
-                f"sampler file not found: {sampler_path} (pass --sampler PATH, e.g. the "
-                "sampler.safetensors that train_meta.py writes into <out_dir>/<name>/, or run "
-                "the baselines only with methods.nnsghmc.enabled=false)"
-            )
-        except SamplerFileError as err:
-            return _fail(str(err))
-        except ValueError as err:  # e.g. no step given and none stored in the file
-            return _fail(f"{sampler_path}: {err}")
-
-    # 2. The data and the model.
-    DataUnavailableError = _data_unavailable_error()
     try:
-        if cfg.synthetic is not None:
-            s = cfg.synthetic
-            problem = synthetic_classification_problem(
-                n_train=s.n_train,
-                n_val=s.n_val,
-                n_test=s.n_test,
-                n_ood=s.n_ood,
-                n_features=s.n_features,
-                n_classes=s.n_classes,
-                hidden=list(s.hidden),
-                activation=s.activation.value,
-                separation=s.separation,
-                batch_size=s.batch_size,
-                prior_std=s.prior_std,
-                seed=s.seed,
-                device=device,
-            )
-        else:
-            from tasks.registry import build_problem
-
-            problem = build_problem(cfg.task, seed=cfg.task.seed, device=device)
-    except DataUnavailableError as err:
-        return _fail(f"data unavailable: {err}{_install_hint(err)}")
-    except ImportError as err:
-        return _fail(f"cannot build task {cfg.task.kind.value!r}: {err}")
-    except ValueError as err:  # bad classes, batch size larger than the data, ...
-        return _fail(f"task: {err}")
-    if not hasattr(problem.data, "x_val") or not hasattr(problem.target, "forward"):
-        return _fail(
-            f"task {problem.name!r} is not a classification problem (evaluate.py needs "
-            "Problem.data with train/val/test splits)"
-        )
+        sampler_path = _sampler_path(cfg, args.sampler)  # 1. the sampler file
+        problem = _build_problem(cfg, device)  # 2. the data and the model
+    except _Stop as stop:
+        return _fail(stop.message, stop.code)
+    world = distributed.world_size()
     if main_process:
-        shards = (
-            f" over {distributed.world_size()} processes" if distributed.world_size() > 1 else ""
-        )
+        shards = f" over {world} processes" if world > 1 else ""
         print(
             f"{problem.name}: D = {problem.target.dim}, N = {problem.target.n_data}; "
             f"{cfg.budget.n_chains} chains x {cfg.budget.n_steps} steps{shards}, "
             f"seeds {list(cfg.seeds)}"
         )
-
-    # 3. Run into a staging directory; publish only a complete result, swapped in as a whole
-    # (the previous results stay until then). Stale staging left by killed runs goes first.
-    out_root = Path(cfg.out_dir)
-    final_dir = out_root / cfg.name
-    staging = out_root / f".{cfg.name}.partial-unused"  # (ranks > 0 write nothing)
-    if main_process:
-        out_root.mkdir(parents=True, exist_ok=True)
-        clean_stale(out_root, cfg.name)
-        staging = new_staging_dir(out_root, cfg.name)
-    try:
-        result = run_benchmark(
-            cfg, problem, sampler_path=sampler_path, out_dir=staging, progress=cfg.progress
-        )
-        if main_process:
-            write_results(result, staging, to_yaml(cfg))
-            publish_directory(staging, final_dir)
-    except KeyboardInterrupt:
-        print("interrupted; nothing written", file=sys.stderr)
+    result = _run_and_publish(cfg, problem, sampler_path, main_process)  # 3. run, publish
+    if result is None:
         return 130
-    finally:
-        if main_process:  # a failed run's staging, or the previous results after the swap
-            shutil.rmtree(staging, ignore_errors=True)
-
     if main_process:
+        final_dir = Path(cfg.out_dir) / cfg.name
         print()
         print((final_dir / "table.md").read_text())
         print(f"results written to {final_dir}/")

@@ -1,33 +1,35 @@
-"""The benchmark config of ``evaluate.py`` (``configs/eval/*.yaml``).
+"""The benchmark config of ``evaluate.py`` (``configs/eval/*.yaml``): an OmegaConf structured
+config, validated before any work starts.
 
-Moved verbatim out of ``metasampler/config.py`` with the run config (helper "tasks", issue
-#13), so that the library no longer lists the application's task kinds; the benchmark split
-(helper "bench") replaces this file.
+The ``methods`` section is built from the benchmark's method registry
+(:data:`metasampler.benchmark.METHODS`: one section per method, its schema and checks), so a
+method is described in one place.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from metasampler.config import (
-    Activation,
-    ConfigError,
-    GammaMode,
-    check_run_placement,
-    load_structured,
-)
+from metasampler.benchmark.methods import METHODS, check_method_section
+from metasampler.config import Activation, ConfigError, check_run_placement, load_structured
 
-from .run_config import Backend, DistributedConfig, TaskConfig, TaskKind
+from .run_config import DistributedConfig, TaskConfig, TaskKind
+
+__all__ = [
+    "BenchmarkConfig",
+    "BudgetConfig",
+    "MethodsConfig",
+    "SyntheticTaskConfig",
+    "TuneConfig",
+    "load_benchmark_config",
+]
 
 
-# ============================================================================================
-# Transfer-generalisation benchmark (``evaluate.py``, ``configs/eval/*.yaml``)
-# ============================================================================================
 @dataclass
 class SyntheticTaskConfig:
     """A small synthetic classification problem (Gaussian blobs through a tiny MLP), used
@@ -82,101 +84,17 @@ class TuneConfig:
     max_extensions: int = 4
 
 
-@dataclass
-class MethodGrid:
-    """One method: whether to run it and its per-batch learning-rate grid (SPEC §1)."""
-
-    enabled: bool = True
-    lr_grid: list[float] = field(default_factory=lambda: [0.01])
-
-
-@dataclass
-class NNSGHMCMethod(MethodGrid):
-    """The loaded sampler. An empty ``lr_grid`` uses the step stored in the sampler file."""
-
-    lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.018])
-    gamma: GammaMode | None = None  # override the file's Gamma mode (paper: finite differences)
-    # How sampling steps run (NNSGHMC's `compile`): false = eager (bit-reproducible; the
-    # default here so benchmark runs repeat exactly), true = compile first and wait (also
-    # bit-reproducible), null = compile in the background while eager steps run (the library
-    # default; results differ at float rounding from the switch on). Speeds: BENCHMARKS.md.
-    compile: bool | None = False
-    # The paper's alpha handling (004 F.2): alpha = alpha_per_step / eta_warmup, set from the
-    # step of the warm-up phase (the test step when there is none) and kept for the whole run,
-    # for a sampler whose friction_units is "absolute". None (default): keep the file's alpha,
-    # the value it was meta-trained with (a file does not say how it was derived, and a
-    # "per_step" sampler's alpha already transfers across N and eta).
-    alpha_per_step: float | None = None
-
-
-@dataclass
-class SGLDMethod(MethodGrid):
-    lr_grid: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.4])
-
-
-@dataclass
-class PSGLDMethod(MethodGrid):
-    lr_grid: list[float] = field(default_factory=lambda: [7e-4, 1.4e-3, 2.8e-3])
-    beta: float = 0.99
-    lam: float = 1e-5
-
-
-@dataclass
-class SGHMCMethod(MethodGrid):
-    """``momentum_decay`` is the per-step friction ``a = eta * C`` (paper: 0.01), so the
-    friction ``C = a / eta`` follows the tuned step."""
-
-    lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
-    momentum_decay: float = 0.01
-
-
-@dataclass
-class SGNHTMethod(MethodGrid):
-    """mSGNHT with the symmetric-splitting integrator; diffusion ``A = momentum_decay / eta``."""
-
-    lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
-    momentum_decay: float = 0.01
-
-
-@dataclass
-class CyclicalSGLDMethod(MethodGrid):
-    lr_grid: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.8])
-    n_cycles: int = 4
-    explore_fraction: float = 0.25
-
-
-@dataclass
-class CyclicalSGHMCMethod(MethodGrid):
-    lr_grid: list[float] = field(default_factory=lambda: [0.01, 0.02, 0.04])
-    n_cycles: int = 4
-    explore_fraction: float = 0.25
-    momentum_decay: float = 0.01
-
-
-@dataclass
-class SGDMMethod(MethodGrid):
-    lr_grid: list[float] = field(default_factory=lambda: [0.001, 0.003, 0.01])
-    momentum: float = 0.9
-
-
-@dataclass
-class AdamMethod(MethodGrid):
-    lr_grid: list[float] = field(default_factory=lambda: [5e-4, 1e-3, 2e-3])
-
-
-@dataclass
-class MethodsConfig:
-    """Every method the benchmark knows; switch any off with ``methods.<key>.enabled=false``."""
-
-    nnsghmc: NNSGHMCMethod = field(default_factory=NNSGHMCMethod)
-    sgld: SGLDMethod = field(default_factory=SGLDMethod)
-    psgld: PSGLDMethod = field(default_factory=PSGLDMethod)
-    sghmc: SGHMCMethod = field(default_factory=SGHMCMethod)
-    msgnht: SGNHTMethod = field(default_factory=SGNHTMethod)
-    csgld: CyclicalSGLDMethod = field(default_factory=CyclicalSGLDMethod)
-    csghmc: CyclicalSGHMCMethod = field(default_factory=CyclicalSGHMCMethod)
-    sgdm: SGDMMethod = field(default_factory=SGDMMethod)
-    adam: AdamMethod = field(default_factory=AdamMethod)
+#: Every method the benchmark knows, one section per entry of the registry (its schema);
+#: switch any off with ``methods.<key>.enabled=false``.
+MethodsConfig = make_dataclass(
+    "MethodsConfig",
+    [(key, spec.schema, field(default_factory=spec.schema)) for key, spec in METHODS.items()],
+)
+MethodsConfig.__module__ = __name__
+MethodsConfig.__doc__ = (
+    "Every method the benchmark knows (the registry's sections); switch any off with "
+    "``methods.<key>.enabled=false``."
+)
 
 
 @dataclass
@@ -229,18 +147,18 @@ _BENCH_NON_NEGATIVE_INT = [
 _SYNTH_POSITIVE_INT = ["n_train", "n_val", "n_test", "n_features", "batch_size"]
 
 
-def _validate_benchmark(cfg: DictConfig) -> None:
-    """Range checks of a :class:`BenchmarkConfig` the type system cannot express."""
+def _get(cfg: DictConfig, key: str) -> Any:
+    return OmegaConf.select(cfg, key)
 
-    def get(key: str) -> Any:
-        return OmegaConf.select(cfg, key)
 
+def _check_ranges(cfg: DictConfig) -> None:
+    """Integer ranges, seeds and the distributed timeout."""
     for key in _BENCH_POSITIVE_INT:
-        if get(key) < 1:
-            raise ConfigError(f"{key} must be >= 1, got {get(key)!r}")
+        if _get(cfg, key) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {_get(cfg, key)!r}")
     for key in _BENCH_NON_NEGATIVE_INT:
-        if get(key) < 0:
-            raise ConfigError(f"{key} must be >= 0, got {get(key)!r}")
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key} must be >= 0, got {_get(cfg, key)!r}")
     check_run_placement(cfg)
     if not cfg.seeds:
         raise ConfigError("seeds must be a non-empty list of ints")
@@ -249,90 +167,82 @@ def _validate_benchmark(cfg: DictConfig) -> None:
         raise ConfigError(f"distributed.timeout_s must be a finite number > 0, got {timeout!r}")
     if len(set(cfg.seeds)) != len(cfg.seeds):
         raise ConfigError(f"seeds must be distinct, got {list(cfg.seeds)}")
-    if cfg.budget.burn_in >= cfg.budget.n_steps:
+
+
+def _check_budget(cfg: DictConfig) -> None:
+    """The budget's phases fit into its runs; the tuning runs' burn-in too."""
+    budget = cfg.budget
+    if budget.burn_in >= budget.n_steps:
         raise ConfigError(
-            f"budget.burn_in ({cfg.budget.burn_in}) must be < budget.n_steps "
-            f"({cfg.budget.n_steps}), else no sample enters the posterior average"
+            f"budget.burn_in ({budget.burn_in}) must be < budget.n_steps "
+            f"({budget.n_steps}), else no sample enters the posterior average"
         )
-    if cfg.budget.warmup_steps >= cfg.budget.n_steps:
+    if budget.warmup_steps >= budget.n_steps:
         raise ConfigError(
-            f"budget.warmup_steps ({cfg.budget.warmup_steps}) must be < budget.n_steps "
-            f"({cfg.budget.n_steps})"
+            f"budget.warmup_steps ({budget.warmup_steps}) must be < budget.n_steps "
+            f"({budget.n_steps})"
         )
-    factor = cfg.budget.warmup_lr_factor
+    factor = budget.warmup_lr_factor
     if not (factor > 0 and math.isfinite(factor)):
         raise ConfigError(f"budget.warmup_lr_factor must be a finite number > 0, got {factor!r}")
-    alpha_per_step = cfg.methods.nnsghmc.alpha_per_step
-    if alpha_per_step is not None and not (alpha_per_step >= 0 and math.isfinite(alpha_per_step)):
-        raise ConfigError(
-            f"methods.nnsghmc.alpha_per_step must be a finite number >= 0 or null, "
-            f"got {alpha_per_step!r}"
-        )
     if cfg.tune.enabled and cfg.tune.burn_in >= cfg.tune.n_steps:
         raise ConfigError(
             f"tune.burn_in ({cfg.tune.burn_in}) must be < tune.n_steps ({cfg.tune.n_steps})"
         )
-    if not math.isfinite(cfg.task.prior_std) or cfg.task.prior_std <= 0:
-        raise ConfigError(f"task.prior_std must be a finite number > 0, got {cfg.task.prior_std!r}")
-    if not cfg.task.hidden or any(w < 1 for w in cfg.task.hidden):
-        raise ConfigError(f"task.hidden must be a list of positive ints, got {cfg.task.hidden!r}")
-    if cfg.task.classes is not None and (
-        len(cfg.task.classes) < 2 or len(set(cfg.task.classes)) != len(cfg.task.classes)
+
+
+def _check_task(task: DictConfig) -> None:
+    if not math.isfinite(task.prior_std) or task.prior_std <= 0:
+        raise ConfigError(f"task.prior_std must be a finite number > 0, got {task.prior_std!r}")
+    if not task.hidden or any(w < 1 for w in task.hidden):
+        raise ConfigError(f"task.hidden must be a list of positive ints, got {task.hidden!r}")
+    if task.classes is not None and (
+        len(task.classes) < 2 or len(set(task.classes)) != len(task.classes)
     ):
-        raise ConfigError(f"task.classes must list >= 2 distinct labels, got {cfg.task.classes!r}")
-    if cfg.synthetic is not None:
-        for key in _SYNTH_POSITIVE_INT:
-            if get(f"synthetic.{key}") < 1:
-                raise ConfigError(f"synthetic.{key} must be >= 1, got {get(f'synthetic.{key}')!r}")
-        if cfg.synthetic.n_classes < 2:
-            raise ConfigError(f"synthetic.n_classes must be >= 2, got {cfg.synthetic.n_classes!r}")
-        if cfg.synthetic.n_ood < 0:
-            raise ConfigError(f"synthetic.n_ood must be >= 0, got {cfg.synthetic.n_ood!r}")
-        if cfg.synthetic.batch_size > cfg.synthetic.n_train:
+        raise ConfigError(f"task.classes must list >= 2 distinct labels, got {task.classes!r}")
+
+
+def _check_synthetic(synthetic: DictConfig) -> None:
+    for key in _SYNTH_POSITIVE_INT:
+        if synthetic[key] < 1:
+            raise ConfigError(f"synthetic.{key} must be >= 1, got {synthetic[key]!r}")
+    if synthetic.n_classes < 2:
+        raise ConfigError(f"synthetic.n_classes must be >= 2, got {synthetic.n_classes!r}")
+    if synthetic.n_ood < 0:
+        raise ConfigError(f"synthetic.n_ood must be >= 0, got {synthetic.n_ood!r}")
+    if synthetic.batch_size > synthetic.n_train:
+        raise ConfigError(
+            f"synthetic.batch_size ({synthetic.batch_size}) must be <= synthetic.n_train "
+            f"({synthetic.n_train})"
+        )
+    if not synthetic.hidden or any(w < 1 for w in synthetic.hidden):
+        raise ConfigError(
+            f"synthetic.hidden must be a list of positive ints, got {synthetic.hidden!r}"
+        )
+    for key in ("separation", "prior_std"):
+        if not (synthetic[key] > 0 and math.isfinite(synthetic[key])):
             raise ConfigError(
-                f"synthetic.batch_size ({cfg.synthetic.batch_size}) must be <= synthetic.n_train "
-                f"({cfg.synthetic.n_train})"
+                f"synthetic.{key} must be a finite number > 0, got {synthetic[key]!r}"
             )
-        if not cfg.synthetic.hidden or any(w < 1 for w in cfg.synthetic.hidden):
-            raise ConfigError(
-                f"synthetic.hidden must be a list of positive ints, got {cfg.synthetic.hidden!r}"
-            )
-        for key in ("separation", "prior_std"):
-            value = get(f"synthetic.{key}")
-            if not (value > 0 and math.isfinite(value)):
-                raise ConfigError(f"synthetic.{key} must be a finite number > 0, got {value!r}")
-    enabled = [name for name in cfg.methods if cfg.methods[name].enabled]
-    if not enabled:
+
+
+def _check_methods(cfg: DictConfig) -> None:
+    """At least one method enabled; every section passes the registry's checks."""
+    if not any(cfg.methods[key].enabled for key in METHODS):
         raise ConfigError("methods: every method is disabled; enable at least one")
-    for name in cfg.methods:
-        method = cfg.methods[name]
-        grid = list(method.lr_grid)
-        if not grid and name != "nnsghmc":
-            raise ConfigError(f"methods.{name}.lr_grid must list at least one learning rate")
-        for value in grid:
-            if not (value > 0 and math.isfinite(value)):
-                raise ConfigError(
-                    f"methods.{name}.lr_grid values must be finite numbers > 0, got {grid!r}"
-                )
-        for key in ("momentum_decay", "lam"):
-            if key in method and not (method[key] > 0 and math.isfinite(method[key])):
-                raise ConfigError(
-                    f"methods.{name}.{key} must be a finite number > 0, got {method[key]!r}"
-                )
-        for key in ("momentum", "beta", "explore_fraction"):
-            if key in method and not 0 <= method[key] < 1:
-                raise ConfigError(f"methods.{name}.{key} must be in [0, 1), got {method[key]!r}")
-        if "n_cycles" in method:
-            shortest = (
-                min(cfg.budget.n_steps, cfg.tune.n_steps)
-                if cfg.tune.enabled
-                else (cfg.budget.n_steps)
-            )
-            if not 1 <= method.n_cycles <= shortest:
-                raise ConfigError(
-                    f"methods.{name}.n_cycles must be in [1, {shortest}] (the shortest run, "
-                    f"budget.n_steps or tune.n_steps), got {method.n_cycles!r}"
-                )
+    shortest = min(cfg.budget.n_steps, cfg.tune.n_steps) if cfg.tune.enabled else cfg.budget.n_steps
+    for key in METHODS:
+        check_method_section(key, cfg.methods[key], shortest)
+
+
+def _validate_benchmark(cfg: DictConfig) -> None:
+    """Range checks of a :class:`BenchmarkConfig` the type system cannot express."""
+    _check_ranges(cfg)
+    _check_budget(cfg)
+    _check_task(cfg.task)
+    if cfg.synthetic is not None:
+        _check_synthetic(cfg.synthetic)
+    _check_methods(cfg)
 
 
 def load_benchmark_config(
@@ -340,29 +250,7 @@ def load_benchmark_config(
 ) -> DictConfig:
     """:class:`BenchmarkConfig` schema <- YAML file <- ``key=value`` overrides, validated.
 
-    Raises :class:`ConfigError` naming the key for unknown keys, wrong types and bad values,
-    before any work starts.
+    Raises :class:`~metasampler.config.ConfigError` naming the key for unknown keys, wrong
+    types and bad values, before any work starts.
     """
     return load_structured(BenchmarkConfig, path, overrides, _validate_benchmark)
-
-
-__all__ = [
-    "AdamMethod",
-    "Backend",
-    "BenchmarkConfig",
-    "DistributedConfig",
-    "BudgetConfig",
-    "CyclicalSGHMCMethod",
-    "CyclicalSGLDMethod",
-    "MethodGrid",
-    "MethodsConfig",
-    "NNSGHMCMethod",
-    "PSGLDMethod",
-    "SGDMMethod",
-    "SGHMCMethod",
-    "SGLDMethod",
-    "SGNHTMethod",
-    "SyntheticTaskConfig",
-    "TuneConfig",
-    "load_benchmark_config",
-]

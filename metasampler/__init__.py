@@ -9,7 +9,7 @@ Quick start::
     result.theta.shape  # (S, K, D)
 """
 
-from . import benchmark, diagnostics, distributed, evaluation, meta, samplers, schedules
+from . import benchmark, diagnostics, distributed, meta, samplers, schedules
 from .bayesian import BayesianModel, Predictive, assign_params, flatten_params, unflatten_params
 from .export import SamplerFileError, SamplerFileWarning, load_sampler, pretrained_samplers
 from .learned import NNSGHMC
@@ -31,7 +31,6 @@ __all__ = [
     "benchmark",
     "diagnostics",
     "distributed",
-    "evaluation",
     "flatten_params",
     "load_sampler",
     "meta",

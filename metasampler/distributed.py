@@ -360,11 +360,13 @@ def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
 # -- failure guard --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PeerFailure:
-    """The first failed rank of a status exchange, with its exception's class name and text."""
+    """The first failed rank of a status exchange, with its exception's class name and text
+    and, for a :class:`~metasampler.NonFiniteError`, the step at which it happened."""
 
     rank: int
     kind: str
     detail: str
+    step: int | None = None
 
 
 def peer_status(error: BaseException | None) -> PeerFailure | None:
@@ -383,9 +385,11 @@ def peer_status(error: BaseException | None) -> PeerFailure | None:
     failed = [r for r in range(world) if int(flags[r]) != 0]
     if not failed:
         return None
-    reports = gather_objects(None if error is None else (type(error).__name__, str(error)))
-    kind, detail = reports[failed[0]] or ("Error", "unknown")
-    return PeerFailure(failed[0], kind, detail)
+    report = None
+    if error is not None:
+        report = (type(error).__name__, str(error), getattr(error, "step", None))
+    kind, detail, step = gather_objects(report)[failed[0]] or ("Error", "unknown", None)
+    return PeerFailure(failed[0], kind, detail, step)
 
 
 @contextmanager

@@ -21,14 +21,9 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from metasampler.benchmark import format_mean_se, mean_se
 from metasampler.config import ConfigError, load_structured
-from metasampler.evaluation import (
-    atomic_write_bytes,
-    atomic_write_text,
-    format_mean_se,
-    jsonable,
-    mean_se,
-)
+from metasampler.files import atomic_write_bytes, atomic_write_text, jsonable
 from metasampler.samplers import cyclical_sgld
 
 __all__ = [
@@ -58,7 +53,7 @@ class ExperimentOutput:
     Attributes:
         name: file stem (``<name>.json``, ``<name>.md``, ``<name>_<figure>.png``).
         results: raw numbers (JSON-serialisable after
-            :func:`metasampler.evaluation.jsonable`).
+            :func:`metasampler.files.jsonable`).
         markdown: the table beside the paper's numbers, with notes.
         figures: ``{figure name: PNG bytes}``.
     """
@@ -153,7 +148,7 @@ def csgld_sampler(settings: DictConfig, total_steps: int) -> Any:
 # Numbers and outputs
 # --------------------------------------------------------------------------------------------
 def fmt_mean_se(stat: Mapping[str, float], digits: int = 2) -> str:
-    """``"mean ± se"`` with ``digits`` decimals (:func:`metasampler.evaluation.format_mean_se`)."""
+    """``"mean ± se"`` with ``digits`` decimals (:func:`metasampler.benchmark.format_mean_se`)."""
     return format_mean_se(stat, digits=digits)
 
 

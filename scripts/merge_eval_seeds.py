@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from metasampler.evaluation import merge_seed_results, write_results
+from metasampler.benchmark import merge_seed_results, write_results
 
 
 def main(argv: list[str] | None = None) -> int:

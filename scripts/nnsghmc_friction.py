@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from experiments.benchmark_config import load_benchmark_config
     from metasampler import sample
-    from metasampler.evaluation import (
+    from metasampler.benchmark import (
         apply_warmup,
         build_method,
         ensemble_log_probs_from_lp,

@@ -19,7 +19,7 @@ import math
 import sys
 from pathlib import Path
 
-from metasampler.evaluation import format_mean_se, mean_se
+from metasampler.benchmark import format_mean_se, mean_se
 
 PERCENT = {"average_error", "ensemble_error"}
 

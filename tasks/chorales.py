@@ -43,7 +43,7 @@ minibatches of ``task.batch_size`` chunks.
 
 **Metric**: test negative log-likelihood per frame (nats; sum over the 88 keys, mean over
 frames) of the chain mixture ``log 1/K sum_k p(r_t | ..., theta_k)`` (see
-``metasampler.evaluation``); the paper reports 8.4-8.5 for 200-unit GRUs on JSB.
+``metasampler.benchmark``); the paper reports 8.4-8.5 for 200-unit GRUs on JSB.
 """
 
 from __future__ import annotations

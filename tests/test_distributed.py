@@ -34,15 +34,7 @@ import pytest
 import torch
 
 from experiments.run_config import load_config
-from metasampler.distributed import (
-    all_gather_rows,
-    chain_shard,
-    failure_guard,
-    rank_seed,
-    shard_bounds,
-    shard_sizes,
-)
-from metasampler.evaluation import (
+from metasampler.benchmark import (
     EvalSet,
     RunningAverage,
     ensemble_log_probs_from_lp,
@@ -51,6 +43,14 @@ from metasampler.evaluation import (
     predictive_entropy,
     run_method,
     synthetic_classification_problem,
+)
+from metasampler.distributed import (
+    all_gather_rows,
+    chain_shard,
+    failure_guard,
+    rank_seed,
+    shard_bounds,
+    shard_sizes,
 )
 from metasampler.learned import NNSGHMC
 from metasampler.meta.losses import InChainCollector, combined_loss, cross_chain_loss

@@ -1,5 +1,5 @@
 """The Bayesian GRU sequence task (``tasks.chorales``): the vmappable GRU, the per-frame
-Bernoulli likelihood with padding, per-frame ensemble scoring in ``metasampler.evaluation``,
+Bernoulli likelihood with padding, per-frame ensemble scoring in ``metasampler.benchmark``,
 and the problem end to end on synthetic piano rolls. The music21 tests skip without the
 ``music`` extra (CI does not install it)."""
 
@@ -17,8 +17,7 @@ from experiments.benchmark_config import load_benchmark_config
 from experiments.run_config import TaskConfig, load_config
 from metasampler import BayesianModel
 from metasampler.bayesian import bernoulli_frame_log_lik, bernoulli_sequence_log_lik
-from metasampler.config import ConfigError
-from metasampler.evaluation import (
+from metasampler.benchmark import (
     EvalSet,
     build_method,
     ensemble_log_probs_from_lp,
@@ -29,6 +28,7 @@ from metasampler.evaluation import (
     run_benchmark,
     run_method,
 )
+from metasampler.config import ConfigError
 from tasks import chorales
 from tasks.chorales import GRUModel, build_chorale_problem, make_sequences, piano_roll
 from tasks.data import DataUnavailableError

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from metasampler.evaluation import (
+from metasampler.benchmark import (
     METHODS,
     BenchmarkResult,
     MethodRun,

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from . import diagnostics
-from .samplers.base import Sampler
-from .sampling import sample
+from ..diagnostics import cumulative_gaussian_kl, ess, ess_beast_paper
+from ..samplers.base import Sampler
+from ..sampling import sample
 
 __all__ = ["gaussian_benchmark"]
 
@@ -47,8 +47,8 @@ def gaussian_benchmark(
 
     result = sample(sampler, target, n_chains, n_steps, init=init, seed=seed, progress=progress)
     samples = result.theta.double()
-    kls = diagnostics.cumulative_gaussian_kl(samples, task.mean, task.cov, at=kl_at)
+    kls = cumulative_gaussian_kl(samples, task.mean, task.cov, at=kl_at)
     metrics = {f"kl@{t}": float(v) for t, v in zip(kl_at, kls, strict=True)}
-    metrics["ess"] = float(diagnostics.ess_beast_paper(samples))
-    metrics["ess_min"] = float(diagnostics.ess(samples).min())
+    metrics["ess"] = float(ess_beast_paper(samples))
+    metrics["ess_min"] = float(ess(samples).min())
     return metrics

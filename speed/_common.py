@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmark scripts."""
+"""Shared helpers of the speed scripts."""
 
 from __future__ import annotations
 

@@ -16,8 +16,7 @@ import torch
 
 from experiments.benchmark_config import load_benchmark_config
 from metasampler import NNSGHMC, sample, staging
-from metasampler.config import ConfigError
-from metasampler.evaluation import (
+from metasampler.benchmark import (
     EvalSet,
     RunningAverage,
     TuningError,
@@ -33,9 +32,10 @@ from metasampler.evaluation import (
     synthetic_classification_problem,
     tune_step_size,
 )
+from metasampler.config import ConfigError
 from metasampler.targets import NonFiniteError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --------------------------------------------------------------------------------------------
@@ -490,6 +490,6 @@ def test_nnsghmc_compile_option_reaches_the_loaded_sampler(tmp_path):
         "nnsghmc", {"compile": True}, 0.01, n_data=100, n_steps=5, sampler_path=path
     )
     assert eager.use_compile is False and compiled.use_compile is True
-    quick = Path(__file__).resolve().parents[1] / "configs" / "eval" / "quick.yaml"
+    quick = Path(__file__).resolve().parents[2] / "configs" / "eval" / "quick.yaml"
     cfg = load_benchmark_config(quick, ["methods.nnsghmc.compile=true"])
     assert cfg.methods.nnsghmc.compile is True

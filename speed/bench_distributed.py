@@ -17,8 +17,8 @@ machine is shared with other jobs).
 
 Usage::
 
-    .venv/bin/python bench/bench_distributed.py            # full run, writes BENCHMARKS.md
-    .venv/bin/python bench/bench_distributed.py --quick    # smoke run, prints only
+    .venv/bin/python speed/bench_distributed.py            # full run, writes BENCHMARKS.md
+    .venv/bin/python speed/bench_distributed.py --quick    # smoke run, prints only
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from metasampler.meta.trainer import MetaTrainer, TrainSettings
 from metasampler.sampling import sample
 from tasks.registry import Problem, ProblemFamily
 
-SECTION = "## Chains sharded across processes (bench/bench_distributed.py)"
+SECTION = "## Chains sharded across processes (speed/bench_distributed.py)"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(train_rows), "\n", "\n".join(sample_rows), sep="\n")
 
     toy, mlp = works["toy"], works["mlp"]
-    command = "cd /work/main && .venv/bin/python bench/" + " ".join(
+    command = "cd /work/main && .venv/bin/python speed/" + " ".join(
         [Path(__file__).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
     cpu = platform.processor() or platform.machine()

@@ -13,11 +13,9 @@ from test_evaluation import sgld_validation_objective
 
 from experiments.benchmark_config import load_benchmark_config
 from metasampler import NNSGHMC, sample
-from metasampler.config import ConfigError
-from metasampler.evaluation import (
+from metasampler.benchmark import (
     apply_warmup,
     build_method,
-    jsonable,
     markdown_table,
     merge_seed_results,
     run_benchmark,
@@ -25,6 +23,8 @@ from metasampler.evaluation import (
     synthetic_classification_problem,
     tune_step_size,
 )
+from metasampler.config import ConfigError
+from metasampler.files import jsonable
 from metasampler.schedules import CyclicalCosine, WarmUp
 from metasampler.stepsize import resolve_eta
 from metasampler.targets import NonFiniteError

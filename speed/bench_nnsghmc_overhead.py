@@ -23,8 +23,8 @@ round's SGHMC block time.
 
 Usage::
 
-    .venv/bin/python bench/bench_nnsghmc_overhead.py             # all, writes BENCHMARKS.md
-    .venv/bin/python bench/bench_nnsghmc_overhead.py --quick     # smoke run, prints only
+    .venv/bin/python speed/bench_nnsghmc_overhead.py             # all, writes BENCHMARKS.md
+    .venv/bin/python speed/bench_nnsghmc_overhead.py --quick     # smoke run, prints only
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from metasampler.export import load_sampler
 from metasampler.learned import NNSGHMC, fast
 from metasampler.samplers import SGHMC
 
-SECTION = "## NNSGHMC per-step overhead (bench/bench_nnsghmc_overhead.py)"
+SECTION = "## NNSGHMC per-step overhead (speed/bench_nnsghmc_overhead.py)"
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "pretrained" / "mnist_mlp.safetensors"
 
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(rows), flush=True)
         lines += rows + [""]
     load_after = os.getloadavg()
-    command = "cd /work/main && .venv/bin/python bench/" + " ".join(
+    command = "cd /work/main && .venv/bin/python speed/" + " ".join(
         [Path(__file__).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
     body = f"""

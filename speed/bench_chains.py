@@ -16,8 +16,8 @@ warm-up run, and the fastest run is reported (the machine may be shared).
 
 Usage::
 
-    .venv/bin/python bench/bench_chains.py            # full run, writes BENCHMARKS.md
-    .venv/bin/python bench/bench_chains.py --quick    # smoke run, prints only
+    .venv/bin/python speed/bench_chains.py            # full run, writes BENCHMARKS.md
+    .venv/bin/python speed/bench_chains.py --quick    # smoke run, prints only
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from torch import nn
 import metasampler as ms
 from metasampler.bayesian import BayesianModel
 
-SECTION = "## Vectorised chains (bench/bench_chains.py)"
+SECTION = "## Vectorised chains (speed/bench_chains.py)"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{', '.join(f'{v:.1f}x' for v in toy50) or 'not measured'}."
     )
 
-    command = "cd /work/main && .venv/bin/python bench/" + " ".join(
+    command = "cd /work/main && .venv/bin/python speed/" + " ".join(
         [Path(__file__).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
     cpu = platform.processor() or platform.machine()

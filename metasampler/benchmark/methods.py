@@ -1,0 +1,389 @@
+"""The method registry: every method of the transfer benchmark, described once.
+
+One :class:`MethodSpec` per method holds its config key, display label, config section schema
+(the per-method grid dataclass, also the defaults of :func:`build_method`), the sampler class
+(whose ``order`` is the lr -> eta conversion: ``eta = lr / N`` for first-order,
+``sqrt(lr / N)`` for second-order samplers, :mod:`metasampler.stepsize`), the builder and the
+parameter the tuner chooses (``lr``, from the section's ``lr_grid``). The benchmark config
+(``experiments.benchmark_config``: the ``methods`` section and its validation), the benchmark
+run and the plots all read :data:`METHODS`.
+
+Friction-type constants are given per step (``momentum_decay = eta * C``), so they follow the
+tuned step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..config import ConfigError, GammaMode
+from ..export import load_sampler
+from ..learned import NNSGHMC
+from ..samplers import (
+    PSGLD,
+    SGHMC,
+    SGLD,
+    SGNHT,
+    Adam,
+    Sampler,
+    SGDMomentum,
+    cyclical_sghmc,
+    cyclical_sgld,
+)
+from ..stepsize import resolve_eta
+
+__all__ = [
+    "METHODS",
+    "AdamMethod",
+    "BuildContext",
+    "CyclicalSGHMCMethod",
+    "CyclicalSGLDMethod",
+    "MethodGrid",
+    "MethodSpec",
+    "NNSGHMCMethod",
+    "PSGLDMethod",
+    "SGDMMethod",
+    "SGHMCMethod",
+    "SGLDMethod",
+    "SGNHTMethod",
+    "build_method",
+    "check_method_section",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Config sections (structured-config schemas; their defaults are the builders' defaults)
+# --------------------------------------------------------------------------------------------
+@dataclass
+class MethodGrid:
+    """One method: whether to run it and its per-batch learning-rate grid (SPEC §1)."""
+
+    enabled: bool = True
+    lr_grid: list[float] = field(default_factory=lambda: [0.01])
+
+
+@dataclass
+class NNSGHMCMethod(MethodGrid):
+    """The loaded sampler. An empty ``lr_grid`` uses the step stored in the sampler file."""
+
+    lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.018])
+    gamma: GammaMode | None = None  # override the file's Gamma mode (paper: finite differences)
+    # How sampling steps run (NNSGHMC's `compile`): false = eager (bit-reproducible; the
+    # default here so benchmark runs repeat exactly), true = compile first and wait (also
+    # bit-reproducible), null = compile in the background while eager steps run (the library
+    # default; results differ at float rounding from the switch on). Speeds: BENCHMARKS.md.
+    compile: bool | None = False
+    # The paper's alpha handling (004 F.2): alpha = alpha_per_step / eta_warmup, set from the
+    # step of the warm-up phase (the test step when there is none) and kept for the whole run,
+    # for a sampler whose friction_units is "absolute". None (default): keep the file's alpha,
+    # the value it was meta-trained with (a file does not say how it was derived, and a
+    # "per_step" sampler's alpha already transfers across N and eta).
+    alpha_per_step: float | None = None
+
+
+@dataclass
+class SGLDMethod(MethodGrid):
+    """SGLD."""
+
+    lr_grid: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.4])
+
+
+@dataclass
+class PSGLDMethod(MethodGrid):
+    """pSGLD (RMSprop preconditioner: decay ``beta``, damping ``lam``)."""
+
+    lr_grid: list[float] = field(default_factory=lambda: [7e-4, 1.4e-3, 2.8e-3])
+    beta: float = 0.99
+    lam: float = 1e-5
+
+
+@dataclass
+class _Friction(MethodGrid):
+    """``momentum_decay`` is the per-step friction ``a = eta * C`` (paper: 0.01), so the
+    friction ``C = a / eta`` follows the tuned step."""
+
+    momentum_decay: float = 0.01
+
+
+@dataclass
+class _Cycles(MethodGrid):
+    """``n_cycles`` cosine cycles over the run, the first ``explore_fraction`` of each
+    exploring (temperature 0)."""
+
+    n_cycles: int = 4
+    explore_fraction: float = 0.25
+
+
+@dataclass
+class SGHMCMethod(_Friction):
+    """SGHMC with friction ``C = momentum_decay / eta``."""
+
+    lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
+
+
+@dataclass
+class SGNHTMethod(_Friction):
+    """mSGNHT with the symmetric-splitting integrator; diffusion ``A = momentum_decay / eta``."""
+
+    lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
+
+
+@dataclass
+class CyclicalSGLDMethod(_Cycles):
+    """cSGLD."""
+
+    lr_grid: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.8])
+
+
+@dataclass
+class CyclicalSGHMCMethod(_Friction, _Cycles):
+    """cSGHMC: cSGLD's cycles with SGHMC's per-step friction."""
+
+    lr_grid: list[float] = field(default_factory=lambda: [0.01, 0.02, 0.04])
+
+
+@dataclass
+class SGDMMethod(MethodGrid):
+    """SGD with momentum (an optimiser reference, not a sampler)."""
+
+    lr_grid: list[float] = field(default_factory=lambda: [0.001, 0.003, 0.01])
+    momentum: float = 0.9
+
+
+@dataclass
+class AdamMethod(MethodGrid):
+    """Adam (an optimiser reference, not a sampler)."""
+
+    lr_grid: list[float] = field(default_factory=lambda: [5e-4, 1e-3, 2e-3])
+
+
+# --------------------------------------------------------------------------------------------
+# Builders
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BuildContext:
+    """What a builder needs besides the options and the learning rate.
+
+    Attributes:
+        n_data: ``N`` of the training set (converts ``momentum_decay`` into a friction).
+        n_steps: planned run length (cyclical schedules).
+        sampler_path: the NNSGHMC file.
+    """
+
+    n_data: int
+    n_steps: int
+    sampler_path: str | os.PathLike | None = None
+
+
+Builder = Callable[[Mapping[str, Any], Any, BuildContext], Sampler]
+
+
+def _friction(options: Mapping[str, Any], lr: float, ctx: BuildContext, order: str) -> float:
+    """``C = momentum_decay / eta`` at the step ``eta`` of ``lr``."""
+    return options["momentum_decay"] / resolve_eta(None, lr, ctx.n_data, order)
+
+
+def _cycles(options: Mapping[str, Any], ctx: BuildContext) -> dict[str, Any]:
+    return {
+        "total_steps": ctx.n_steps,
+        "n_cycles": options["n_cycles"],
+        "explore_fraction": options["explore_fraction"],
+    }
+
+
+def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:
+    if ctx.sampler_path is None:
+        raise ValueError("nnsghmc needs a sampler file (sampler_path or --sampler)")
+    gamma = options.get("gamma")
+    sampler = load_sampler(ctx.sampler_path, lr=lr, gamma=getattr(gamma, "value", gamma))
+    sampler.use_compile = options["compile"]
+    return sampler
+
+
+def _sghmc(options: Mapping[str, Any], lr: float, ctx: BuildContext) -> Sampler:
+    return SGHMC(lr=lr, friction=_friction(options, lr, ctx, SGHMC.order))
+
+
+def _msgnht(options: Mapping[str, Any], lr: float, ctx: BuildContext) -> Sampler:
+    diffusion = _friction(options, lr, ctx, SGNHT.order)
+    return SGNHT(lr=lr, diffusion=diffusion, multivariate=True, integrator="splitting")
+
+
+def _csghmc(options: Mapping[str, Any], lr: float, ctx: BuildContext) -> Sampler:
+    friction = _friction(options, lr, ctx, SGHMC.order)
+    return cyclical_sghmc(lr=lr, friction=friction, **_cycles(options, ctx))
+
+
+# --------------------------------------------------------------------------------------------
+# The registry
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method of the benchmark.
+
+    Attributes:
+        key: config key (``methods.<key>``) and result key.
+        label: display label.
+        schema: the config section's dataclass; its defaults are the builder's defaults.
+        sampler_class: the class :attr:`build` returns; its ``order`` converts ``lr``.
+        build: ``(options, lr, context) -> Sampler``; options complete (schema defaults
+            filled in).
+        is_sampler: ``False`` for the optimiser references (temperature 0).
+        tuned: the parameter the tuner chooses; its grid is the section's ``<tuned>_grid``.
+        stored_step: an empty grid means the step stored in the sampler file.
+        warmup_alpha: the paper's test-time ``alpha = alpha_per_step / eta_warmup`` applies
+            (:func:`metasampler.benchmark.protocol.set_alpha_from_warmup`).
+    """
+
+    key: str
+    label: str
+    schema: type[MethodGrid]
+    sampler_class: type[Sampler]
+    build: Builder
+    is_sampler: bool = True
+    tuned: str = "lr"
+    stored_step: bool = False
+    warmup_alpha: bool = False
+
+    @property
+    def order(self) -> str:
+        """``"first"`` (``eta = lr / N``) or ``"second"`` (``eta = sqrt(lr / N)``)."""
+        return self.sampler_class.order
+
+    @property
+    def display(self) -> str:
+        """The label, marked ``(optimiser)`` for a method that is not a sampler."""
+        return self.label if self.is_sampler else f"{self.label} (optimiser)"
+
+    def grid(self, section: Mapping[str, Any]) -> list[float]:
+        """The grid of the tuned parameter in a config section."""
+        return [float(v) for v in section[f"{self.tuned}_grid"]]
+
+
+METHODS: dict[str, MethodSpec] = {
+    spec.key: spec
+    for spec in (
+        MethodSpec(
+            "nnsghmc",
+            "NNSGHMC",
+            NNSGHMCMethod,
+            NNSGHMC,
+            _nnsghmc,
+            stored_step=True,
+            warmup_alpha=True,
+        ),
+        MethodSpec("sgld", "SGLD", SGLDMethod, SGLD, lambda o, lr, c: SGLD(lr=lr)),
+        MethodSpec(
+            "psgld",
+            "pSGLD",
+            PSGLDMethod,
+            PSGLD,
+            lambda o, lr, c: PSGLD(lr=lr, beta=o["beta"], lam=o["lam"]),
+        ),
+        MethodSpec("sghmc", "SGHMC", SGHMCMethod, SGHMC, _sghmc),
+        MethodSpec("msgnht", "mSGNHT-S", SGNHTMethod, SGNHT, _msgnht),
+        MethodSpec(
+            "csgld",
+            "cSGLD",
+            CyclicalSGLDMethod,
+            SGLD,
+            lambda o, lr, c: cyclical_sgld(lr=lr, **_cycles(o, c)),
+        ),
+        MethodSpec("csghmc", "cSGHMC", CyclicalSGHMCMethod, SGHMC, _csghmc),
+        MethodSpec(
+            "sgdm",
+            "SGD-M",
+            SGDMMethod,
+            SGDMomentum,
+            lambda o, lr, c: SGDMomentum(lr=lr, momentum=o["momentum"]),
+            is_sampler=False,
+        ),
+        MethodSpec(
+            "adam", "Adam", AdamMethod, Adam, lambda o, lr, c: Adam(lr=lr), is_sampler=False
+        ),
+    )
+}
+
+
+def build_method(
+    key: str,
+    options: Mapping[str, Any],
+    lr: float | None,
+    *,
+    n_data: int,
+    n_steps: int,
+    sampler_path: str | os.PathLike | None = None,
+) -> Sampler:
+    """The sampler of method ``key`` at per-batch learning rate ``lr``.
+
+    Args:
+        key: a key of :data:`METHODS`.
+        options: the method's config section (``momentum_decay``, ``n_cycles``, ...); missing
+            keys take the section schema's defaults.
+        lr: per-batch learning rate; ``None`` only for a method with a stored step (the
+            NNSGHMC file's).
+        n_data: ``N`` of the training set (converts ``momentum_decay`` into a friction).
+        n_steps: planned run length (cyclical schedules).
+        sampler_path: the NNSGHMC file.
+    """
+    if key not in METHODS:
+        raise ValueError(f"unknown method {key!r}; known: {sorted(METHODS)}")
+    spec = METHODS[key]
+    if lr is None and not spec.stored_step:
+        raise ValueError(f"method {key!r} needs a learning rate")
+    options = {**asdict(spec.schema()), **options}
+    return spec.build(options, lr, BuildContext(n_data, n_steps, sampler_path))
+
+
+# --------------------------------------------------------------------------------------------
+# Validation of a config section (experiments.benchmark_config)
+# --------------------------------------------------------------------------------------------
+_POSITIVE_OPTIONS = ("momentum_decay", "lam")
+_UNIT_INTERVAL_OPTIONS = ("momentum", "beta", "explore_fraction")
+
+
+def _finite_positive(value: Any) -> bool:
+    return value > 0 and math.isfinite(value)
+
+
+def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int) -> None:
+    """Range checks of the config section ``methods.<key>``.
+
+    Args:
+        key: a key of :data:`METHODS`.
+        section: the section (a mapping with the schema's keys).
+        shortest_run: the shortest run length (``n_cycles`` must fit into it).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    spec = METHODS[key]
+    grid = list(section[f"{spec.tuned}_grid"])
+    if not grid and not spec.stored_step:
+        raise ConfigError(f"methods.{key}.{spec.tuned}_grid must list at least one learning rate")
+    if not all(_finite_positive(value) for value in grid):
+        raise ConfigError(
+            f"methods.{key}.{spec.tuned}_grid values must be finite numbers > 0, got {grid!r}"
+        )
+    for name in _POSITIVE_OPTIONS:
+        if name in section and not _finite_positive(section[name]):
+            raise ConfigError(
+                f"methods.{key}.{name} must be a finite number > 0, got {section[name]!r}"
+            )
+    for name in _UNIT_INTERVAL_OPTIONS:
+        if name in section and not 0 <= section[name] < 1:
+            raise ConfigError(f"methods.{key}.{name} must be in [0, 1), got {section[name]!r}")
+    if "n_cycles" in section and not 1 <= section["n_cycles"] <= shortest_run:
+        raise ConfigError(
+            f"methods.{key}.n_cycles must be in [1, {shortest_run}] (the shortest run, "
+            f"budget.n_steps or tune.n_steps), got {section['n_cycles']!r}"
+        )
+    alpha = section.get("alpha_per_step")
+    if alpha is not None and not (alpha >= 0 and math.isfinite(alpha)):
+        raise ConfigError(
+            f"methods.{key}.alpha_per_step must be a finite number >= 0 or null, got {alpha!r}"
+        )

@@ -1,0 +1,248 @@
+"""The result tables: the markdown table (``table.md``) and the CSV files (``summary.csv``,
+``curves.csv``, ``tuning.csv``) of a benchmark summary."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from .results import FINAL_METRICS
+
+__all__ = [
+    "curves_csv",
+    "format_mean_se",
+    "markdown_table",
+    "summary_csv",
+    "tuning_csv",
+]
+
+
+def format_mean_se(stat: Mapping[str, float], scale: float = 1.0, digits: int = 3) -> str:
+    """``"mean ± se"`` of a :func:`mean_se` dict times ``scale`` (``–`` without a mean, no
+    ``± ...`` without a standard error)."""
+    mean, se = stat.get("mean", math.nan), stat.get("se", math.nan)
+    if mean is None or not math.isfinite(mean):
+        return "–"
+    text = f"{mean * scale:.{digits}f}"
+    if se is not None and math.isfinite(se):
+        text += f" ± {se * scale:.{digits}f}"
+    return text
+
+
+def _protocol_line(summary: Mapping[str, Any]) -> str:
+    """The warm-up phase and NNSGHMC's ``alpha`` in words (empty without either)."""
+    budget = summary["budget"]
+    parts = []
+    if budget.get("warmup_steps"):
+        parts.append(
+            f"Warm-up, every method: the first {budget['warmup_steps']} steps at "
+            f"{budget['warmup_lr_factor']:g} × the chosen per-batch lr."
+        )
+    nn = summary["methods"].get("nnsghmc") or {}
+    if nn.get("alpha_note"):
+        parts.append(f"NNSGHMC alpha: {nn['alpha_note']}.")
+    return " ".join(parts)
+
+
+def markdown_table(summary: Mapping[str, Any]) -> str:
+    """The results table: mean ± standard error over seeds, one row per method; then the
+    step-size tuning table."""
+    lines = _results_table(summary) + _tuning_table(summary)
+    return "\n".join(lines) + "\n"
+
+
+def _results_table(summary: Mapping[str, Any]) -> list[str]:
+    budget = summary["budget"]
+    lines = [
+        f"# {summary['name']}: {summary['task']}",
+        "",
+        f"Data: {summary['data']}; N = {summary['n_train']} train, {summary['n_val']} "
+        f"validation, {summary['n_test']} test, {summary['n_ood']} OOD inputs. D = "
+        f"{summary['dim']} parameters, minibatch {summary['batch_size']}.",
+        f"Budget per method and seed: {budget['n_chains']} chains × {budget['n_steps']} steps "
+        f"({budget['n_steps'] * summary['batch_size'] / summary['n_train']:.1f} epochs), "
+        f"posterior average over every {budget['thin']}-th step after {budget['burn_in']} "
+        f"burn-in steps; seeds {summary['seeds']} (mean ± standard error over seeds).",
+        *filter(None, [_protocol_line(summary)]),
+        "",
+        "| Method | lr | test err % (avg) | test NLL (avg) | test err % (ens) | "
+        "test NLL (ens) | ECE (avg) | OOD entropy | ms/step | diverged |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for entry in summary["methods"].values():
+        label = entry["label"] + ("" if entry["is_sampler"] else " (optimiser)")
+        if entry.get("error"):
+            lines.append(f"| {label} | – | {entry['error']} | | | | | | | |")
+            continue
+        s = entry["summary"]
+        lr = "stored" if entry["lr"] is None else f"{entry['lr']:g}"
+        n_runs = len(entry["runs"])
+        columns = (
+            ("average_error", 100, 2),
+            ("average_nll", 1, 4),
+            ("ensemble_error", 100, 2),
+            ("ensemble_nll", 1, 4),
+            ("average_ece", 1, 4),
+            ("ood_entropy", 1, 3),
+            ("seconds_per_step", 1000, 1),
+        )
+        cells = " | ".join(format_mean_se(s[m], scale, digits) for m, scale, digits in columns)
+        lines.append(f"| {label} | {lr} | {cells} | {entry['n_diverged']}/{n_runs} |")
+    lines += [
+        "",
+        "avg: running posterior average (all chains, all kept samples); ens: ensemble of the "
+        "K final chains. NLL in nats per test example; ECE with "
+        f"{summary['config']['ece_bins']} bins; OOD entropy: mean predictive entropy (nats) "
+        "of the posterior average on out-of-distribution inputs (higher is better). "
+        "ms/step: sampling wall-clock, evaluation excluded. lr: per-batch learning rate "
+        "chosen on the validation split.",
+    ]
+    if summary.get("scoring") == "frames":
+        lines += [
+            "",
+            f"Sequence task, scored on the {summary['n_test_frames']} real test frames: NLL in "
+            "nats per frame (summed over the keys) of the chain mixture; err = 1 - frame-level "
+            "accuracy TP/(TP+FP+FN) of keys whose predictive probability exceeds 1/2; N counts "
+            "chunks of frames; no ECE or OOD set.",
+        ]
+    return lines
+
+
+def _scored(rows: list[dict[str, Any]]) -> str:
+    """``lr → val NLL`` (or ``diverged``) of tuning rows, by increasing lr."""
+    return ", ".join(
+        f"{r['lr']:g} → " + (f"{r['val_nll']:.4f}" if r["diverged_at"] is None else "diverged")
+        for r in sorted(rows, key=lambda r: r["lr"])
+    )
+
+
+def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
+    lines = [
+        "",
+        "## Step-size tuning (validation NLL of the posterior average)",
+        "",
+        "| Method | initial grid: lr → val NLL | extensions: lr → val NLL | chosen lr | eta | "
+        "choice |",
+        "|---|---|---|---|---|---|",
+    ]
+    for entry in summary["methods"].values():
+        rows = entry.get("tuning") or []
+        initial = _scored([r for r in rows if not r.get("extension")])
+        extended = _scored([r for r in rows if r.get("extension")])
+        lr = "–" if entry.get("lr") is None else f"{entry['lr']:g}"
+        eta = "–" if entry.get("eta") is None else f"{entry['eta']:.3g}"
+        interior = entry.get("tuning_interior")
+        if interior is None and len(rows) > 1 and entry.get("lr") is not None:
+            values = [r["lr"] for r in rows]  # results written before the extension existed
+            interior = min(values) < entry["lr"] < max(values)
+        choice = {True: "interior", False: "grid edge", None: "–"}[interior]
+        lines.append(
+            f"| {entry['label']} | {initial or 'not tuned'} | {extended or '–'} | {lr} | {eta} "
+            f"| {choice} |"
+        )
+    lines += [
+        "",
+        "extensions: while the best value sat at an end of the grid, the next value beyond it "
+        "(at the ratio of the two values nearest that end) was tuned too, at most "
+        f"{summary['tune'].get('max_extensions', 0)} times; a diverged run counts as worst. "
+        "grid edge: the choice is still at an end after the last extension (the optimum may lie "
+        "beyond it).",
+    ]
+    return lines
+
+
+def _csv_text(rows: list[dict[str, Any]], fields: list[str]) -> str:
+    buffer = io.StringIO()
+    out = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    out.writeheader()
+    for row in rows:
+        out.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
+    return buffer.getvalue()
+
+
+_CURVE_FIELDS = [
+    "method",
+    "seed",
+    "step",
+    "epoch",
+    "seconds",
+    "ensemble_error",
+    "ensemble_nll",
+    "average_error",
+    "average_nll",
+    "n_averaged",
+]
+
+
+def _curve_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for key, entry in summary["methods"].items():
+        for run in entry.get("runs", []):
+            for row in run["curves"]:
+                rows.append({"method": key, "seed": run["seed"], **row})
+    return rows
+
+
+def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for key, entry in summary["methods"].items():
+        row: dict[str, Any] = {
+            "method": key,
+            "label": entry["label"],
+            "lr": entry.get("lr"),
+            "eta": entry.get("eta"),
+            "tuning_interior": entry.get("tuning_interior"),
+            "warmup_eta": entry.get("warmup_eta"),
+            "alpha": entry.get("alpha"),
+            "n_diverged": entry.get("n_diverged"),
+            "error": entry.get("error"),
+        }
+        for metric, stat in (entry.get("summary") or {}).items():
+            row[f"{metric}_mean"], row[f"{metric}_se"] = stat["mean"], stat["se"]
+            row["n_seeds"] = stat["n"]
+        rows.append(row)
+    return rows
+
+
+_SUMMARY_FIELDS = (
+    ["method", "label", "lr", "eta", "tuning_interior", "warmup_eta", "alpha", "n_seeds"]
+    + ["n_diverged"]
+    + [f"{m}_{s}" for m in FINAL_METRICS for s in ("mean", "se")]
+    + ["error"]
+)
+
+
+_TUNING_FIELDS = [
+    "method",
+    "lr",
+    "eta",
+    "val_nll",
+    "val_error",
+    "diverged_at",
+    "extension",
+    "chosen",
+]
+
+
+def summary_csv(summary: Mapping[str, Any]) -> str:
+    """``summary.csv``: one row per method (choice, protocol values, mean and se of the final
+    metrics)."""
+    return _csv_text(_summary_rows(summary), _SUMMARY_FIELDS)
+
+
+def curves_csv(summary: Mapping[str, Any]) -> str:
+    """``curves.csv``: every learning-curve row of every method and seed."""
+    return _csv_text(_curve_rows(summary), _CURVE_FIELDS)
+
+
+def tuning_csv(summary: Mapping[str, Any]) -> str:
+    """``tuning.csv``: every tuning run of every method."""
+    rows = [
+        {"method": key, **row}
+        for key, entry in summary["methods"].items()
+        for row in entry.get("tuning") or []
+    ]
+    return _csv_text(rows, _TUNING_FIELDS)

@@ -1,0 +1,400 @@
+"""The transfer-generalisation benchmark (004 §5.2, Table 1, Fig. 3): every enabled method is
+tuned on the validation split, then runs every seed with the chosen step (:func:`run_benchmark`;
+one method's tuning and seeds: :class:`MethodBenchmark`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+
+from ..distributed import is_main_process, world_size
+from ..samplers import Sampler
+from ..schedules import WarmUp
+from ..targets import NonFiniteError
+from .methods import METHODS
+from .metrics import frame_targets, is_sequence_model
+from .protocol import MethodFactory
+from .results import BenchmarkResult, seed_statistics
+from .run import EvalSet, MethodRun, run_method
+from .tuning import TuningError, tune_step_size
+
+__all__ = ["MethodBenchmark", "run_benchmark"]
+
+
+class _Progress:
+    """One tqdm bar over all steps of a benchmark (tuning and evaluation)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = tqdm(total=total, disable=not enabled, unit="step", dynamic_ncols=True)
+
+    def tick(self, _step: int) -> None:
+        self.bar.update(1)
+
+    def skip(self, steps: int) -> None:
+        self.bar.update(steps)
+
+    def extend(self, steps: int) -> None:
+        self.bar.total += steps
+        self.bar.refresh()
+
+    def describe(self, text: str) -> None:
+        self.bar.set_description(text)
+
+
+class _CurveLogger:
+    """Streams a seed's learning-curve rows to TensorBoard (nothing without a writer)."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer, self.start = writer, time.time()
+
+    def __call__(self, row: dict[str, float]) -> None:
+        if self.writer is None:
+            return
+        step, wall = int(row["step"]), self.start + row["seconds"]
+        for name in ("ensemble_error", "ensemble_nll", "average_error", "average_nll"):
+            value = row[name]
+            if math.isfinite(value):
+                prefix, metric = name.split("_", 1)
+                self.writer.add_scalar(f"{prefix}/test_{metric}", value, step, walltime=wall)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+@dataclass
+class _Setting:
+    """What every tuning and evaluation run of one benchmark shares."""
+
+    cfg: Any
+    problem: Any
+    sampler_path: str | os.PathLike | None
+    test: EvalSet
+    extra: dict[str, EvalSet]
+    val: EvalSet
+    progress: _Progress
+    log: Callable[[str], None]
+    tb_root: Path
+    main_process: bool
+
+    def run(self, sampler: Sampler, phase: Any, **budget: Any) -> MethodRun:
+        """:func:`run_method` on the problem's target, with the shared scoring settings and
+        the run length, burn-in and thinning of ``phase`` (``cfg.budget`` or ``cfg.tune``)."""
+        return run_method(
+            sampler,
+            self.problem.target,
+            self.problem.init,
+            n_steps=phase.n_steps,
+            burn_in=phase.burn_in,
+            thin=phase.thin,
+            eval_batch_size=self.cfg.budget.eval_batch_size,
+            ece_bins=self.cfg.ece_bins,
+            on_step=self.progress.tick,
+            **budget,
+        )
+
+    def writer(self, *parts: str) -> Any:
+        """A TensorBoard writer under ``<out_dir>/tb/<parts>``; ``None`` when off or rank > 0."""
+        if not self.cfg.tensorboard or not self.main_process:
+            return None
+        from torch.utils.tensorboard import SummaryWriter  # optional dependency
+
+        return SummaryWriter(log_dir=str(self.tb_root.joinpath(*parts)))
+
+
+class MethodBenchmark:
+    """One method of a benchmark: step-size tuning on the validation split, then every seed
+    with the chosen value. :meth:`run` fills :attr:`entry` (the method's part of
+    ``results.json``) and :attr:`runs`."""
+
+    def __init__(self, key: str, setting: _Setting) -> None:
+        cfg = setting.cfg
+        self.spec, self.setting = METHODS[key], setting
+        section = OmegaConf.to_container(cfg.methods[key], resolve=True)
+        self.make = MethodFactory(
+            key,
+            section,
+            setting.problem.target.n_data,
+            cfg.budget.warmup_steps,
+            cfg.budget.warmup_lr_factor,
+            setting.sampler_path,
+        )
+        grid = self.spec.grid(section)
+        self.grid: list[float | None] = grid if grid else [None]  # None: the stored step
+        self.entry: dict[str, Any] = {"label": self.spec.label, "is_sampler": self.spec.is_sampler}
+        self.tuning_rows: list[dict[str, Any]] = []
+        self.runs: dict[int, MethodRun] = {}
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the grid is tuned (tuning on and more than one value)."""
+        return self.setting.cfg.tune.enabled and len(self.grid) > 1
+
+    def run(self) -> bool:
+        """Tune and run every seed; ``False`` when tuning failed and the method was skipped."""
+        if self.tuned:
+            try:
+                chosen = self._tune()
+            except TuningError as err:
+                self._skip(err)
+                return False
+        else:
+            chosen = self.grid[0]
+        self._record_choice(chosen)
+        per_seed = [self._run_seed(chosen, int(seed)) for seed in self.setting.cfg.seeds]
+        self.entry["runs"] = per_seed
+        self.entry.update(seed_statistics([r["final"] for r in per_seed], per_seed))
+        return True
+
+    # -- tuning ------------------------------------------------------------------------------
+    def _tune(self) -> float:
+        self.setting.progress.describe(f"tune {self.spec.label}")
+        tune = self.setting.cfg.tune
+        tuned = tune_step_size(self._objective, self.grid, tune.max_extensions)
+        self.entry.update(
+            tuning_grid=tuned.grid,
+            tuning_extensions=tuned.extensions,
+            tuning_interior=tuned.interior,
+        )
+        return tuned.best
+
+    def _objective(self, lr: float) -> float:
+        """Validation NLL of the posterior average of a short run at ``lr``."""
+        tune, progress = self.setting.cfg.tune, self.setting.progress
+        if lr not in self.grid:  # an extension of the grid: one more tuning run
+            progress.extend(tune.n_steps)
+        result = self.setting.run(
+            self.make(lr, tune.n_steps),
+            tune,
+            main=self.setting.val,
+            n_chains=tune.n_chains or self.setting.cfg.budget.n_chains,
+            eval_every=tune.n_steps,
+            seed=tune.seed,
+        )
+        self.tuning_rows.append(
+            {
+                "lr": lr,
+                "val_nll": result.final["average_nll"],
+                "val_error": result.final["average_error"],
+                "diverged_at": result.diverged_at,
+            }
+        )
+        if result.diverged_at is not None:
+            progress.skip(tune.n_steps - result.diverged_at)
+            raise NonFiniteError(result.message or "diverged", step=result.diverged_at)
+        return result.final["average_nll"]
+
+    def _skip(self, err: TuningError) -> None:
+        rows = self.tuning_rows
+        self.entry.update(
+            lr=None,
+            eta=None,
+            tuning=rows,
+            tuning_grid=self.grid,
+            tuning_extensions=[r["lr"] for r in rows if r["lr"] not in self.grid],
+            tuning_interior=None,
+            runs=[],
+            summary={},
+            error=str(err),
+        )
+        cfg = self.setting.cfg
+        self.setting.log(f"{self.spec.label}: {err}; skipped")
+        self.setting.progress.skip(len(cfg.seeds) * cfg.budget.n_steps)
+
+    def _record_choice(self, chosen: float | None) -> None:
+        """The chosen step, the tuning scores and the protocol's values, in :attr:`entry`."""
+        n_steps = self.setting.cfg.budget.n_steps
+        eta = self.make.eta(chosen, n_steps)
+        lr_used = self.make(None, n_steps).lr if chosen is None else chosen  # None: file's step
+        for row in self.tuning_rows:
+            row["eta"] = self.make.eta(row["lr"], n_steps)
+            row["chosen"] = row["lr"] == chosen
+            row["extension"] = row["lr"] not in self.grid
+        entry = self.entry
+        entry.update(lr=lr_used, eta=eta, tuning=self.tuning_rows, error=None)
+        entry.setdefault("tuning_grid", [v for v in self.grid if v is not None])
+        entry.setdefault("tuning_extensions", [])
+        entry.setdefault("tuning_interior", None)
+        evaluated = self.make(chosen, n_steps)
+        schedule = evaluated.schedule
+        entry["warmup_eta"] = schedule.scale * eta if isinstance(schedule, WarmUp) else None
+        if self.spec.warmup_alpha:
+            entry["alpha"] = float(evaluated.alpha)
+            entry["alpha_note"] = evaluated.alpha_note
+        self._log_tuning(chosen, lr_used, eta)
+
+    def _log_tuning(self, chosen: float | None, lr_used: float, eta: float) -> None:
+        rows = self.tuning_rows
+        if rows:
+            scores = ", ".join(f"{r['lr']:g}: {r['val_nll']:.4f}" for r in rows)
+            where = {True: "interior", False: "grid edge", None: ""}[self.entry["tuning_interior"]]
+            self.setting.log(
+                f"{self.spec.label}: lr grid (val NLL) {scores} -> lr={chosen:g} ({where})"
+            )
+        writer = self.setting.writer(self.spec.key, "tune")
+        if writer is not None:
+            for i, row in enumerate(rows):
+                nll = row["val_nll"]
+                writer.add_scalar("tune/val_nll", nll if math.isfinite(nll) else math.inf, i)
+                writer.add_scalar("tune/lr", row["lr"], i)
+            writer.add_text("tune/chosen", f"lr={lr_used}, eta={eta:.6g}")
+            writer.close()
+
+    # -- evaluation --------------------------------------------------------------------------
+    def _run_seed(self, chosen: float | None, seed: int) -> dict[str, Any]:
+        setting, budget = self.setting, self.setting.cfg.budget
+        setting.progress.describe(f"{self.spec.label} seed {seed}")
+        curve_log = _CurveLogger(setting.writer(self.spec.key, f"seed{seed}"))
+        result = setting.run(
+            self.make(chosen, budget.n_steps),
+            budget,
+            main=setting.test,
+            extra=setting.extra,
+            n_chains=budget.n_chains,
+            eval_every=budget.eval_every,
+            seed=seed,
+            on_eval=curve_log,
+        )
+        curve_log.close()
+        if result.diverged_at is not None:
+            setting.progress.skip(budget.n_steps - result.diverged_at)
+            setting.log(f"{self.spec.label} seed {seed}: diverged: {result.message}")
+        self.runs[seed] = result
+        return {
+            "seed": seed,
+            "final": dict(result.final),
+            "diverged_at": result.diverged_at,
+            "message": result.message,
+            "curves": result.curves,
+        }
+
+
+def _eval_sets(cfg: Any, data: Any, device: torch.device) -> tuple[EvalSet, dict, EvalSet]:
+    """The test set, the unlabeled sets (``ood``) and the validation set, cut to the config's
+    limits and moved to ``device``."""
+    x_test, y_test = data.x_test, data.y_test
+    if cfg.budget.max_test:
+        x_test, y_test = x_test[: cfg.budget.max_test], y_test[: cfg.budget.max_test]
+    extra: dict[str, EvalSet] = {}
+    if data.ood_x is not None and cfg.ood_max:
+        extra["ood"] = EvalSet(data.ood_x[: cfg.ood_max].to(device))
+    x_val, y_val = data.x_val, data.y_val
+    if cfg.tune.max_val:
+        x_val, y_val = x_val[: cfg.tune.max_val], y_val[: cfg.tune.max_val]
+    test = EvalSet(x_test.to(device), y_test.to(device))
+    return test, extra, EvalSet(x_val.to(device), y_val.to(device))
+
+
+def _enabled(cfg: Any) -> list[str]:
+    """The enabled methods, in the registry's order."""
+    return [key for key in METHODS if cfg.methods[key].enabled]
+
+
+def _total_steps(cfg: Any) -> int:
+    """Steps of the progress bar: tuning runs of every tuned grid, then every seed."""
+    sizes = [len(METHODS[key].grid(cfg.methods[key])) for key in _enabled(cfg)]
+    n_tune_runs = sum(n for n in sizes if n > 1) if cfg.tune.enabled else 0
+    return n_tune_runs * cfg.tune.n_steps + len(sizes) * len(cfg.seeds) * cfg.budget.n_steps
+
+
+def run_benchmark(
+    cfg: Any,
+    problem: Any,
+    *,
+    sampler_path: str | os.PathLike | None,
+    out_dir: str | os.PathLike,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> BenchmarkResult:
+    """Tune and run every enabled method of ``cfg`` (a ``BenchmarkConfig``) on ``problem``.
+
+    Args:
+        cfg: validated benchmark config (``experiments.benchmark_config.load_benchmark_config``).
+        problem: a ``tasks.registry.Problem`` (or
+            :class:`~metasampler.benchmark.synthetic.SyntheticProblem`) whose ``data`` has the
+            :class:`~metasampler.splits.ClassificationSplits` attributes.
+        sampler_path: the NNSGHMC file (needed when ``methods.nnsghmc.enabled``).
+        out_dir: where TensorBoard logs go (``<out_dir>/tb/<method>/seed<seed>``); a staging
+            directory in ``evaluate.py``.
+        progress: show a tqdm bar over all steps (tuning and evaluation).
+        log: receives one-line status messages (default ``tqdm.write``, which keeps the
+            progress bar intact).
+
+    Step sizes are tuned once per method on the validation split (seed ``tune.seed``, same
+    for every grid value), then every seed in ``cfg.seeds`` runs with the chosen value. All
+    methods share the seed ``s`` for run ``s``, hence the same initial positions and
+    minibatch sequence where their random-number use agrees.
+    """
+    main_process = is_main_process()  # torchrun: only rank 0 reports and writes
+    test, extra, val = _eval_sets(cfg, problem.data, problem.target.device)
+    setting = _Setting(
+        cfg,
+        problem,
+        sampler_path,
+        test,
+        extra,
+        val,
+        _Progress(_total_steps(cfg), progress and main_process),
+        (log or tqdm.write) if main_process else _silent,
+        Path(out_dir) / "tb",
+        main_process,
+    )
+    methods = [MethodBenchmark(key, setting) for key in _enabled(cfg)]
+    try:
+        for method in methods:
+            method.run()
+    finally:
+        setting.progress.bar.close()
+    runs = {m.spec.key: m.runs for m in methods if m.entry.get("error") is None}
+    summary = _summary(setting, {m.spec.key: m.entry for m in methods})
+    return BenchmarkResult(summary, runs)
+
+
+def _silent(_: str) -> None:
+    pass
+
+
+def _summary(setting: _Setting, methods: dict[str, Any]) -> dict[str, Any]:
+    """The ``results.json`` document."""
+    cfg, problem = setting.cfg, setting.problem
+    data, target = problem.data, problem.target
+    world = world_size()
+    summary = {
+        "name": cfg.name,
+        "task": problem.name,
+        "data": getattr(data, "name", "?"),
+        "n_train": int(target.n_data),
+        "n_val": int(data.x_val.shape[0]),
+        "n_test": int(setting.test.x.shape[0]),
+        "n_ood": int(setting.extra["ood"].x.shape[0]) if "ood" in setting.extra else 0,
+        "n_classes": int(data.n_classes),
+        "dim": int(target.dim),
+        "batch_size": int(target.batch_size),
+        "budget": OmegaConf.to_container(cfg.budget, resolve=True),
+        "tune": OmegaConf.to_container(cfg.tune, resolve=True),
+        "seeds": [int(s) for s in cfg.seeds],
+        "sampler_path": None if setting.sampler_path is None else str(setting.sampler_path),
+        "environment": {
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "device": str(target.device),
+            # (only when sharded, so single-process results keep their exact form)
+            **({"processes": world} if world > 1 else {}),
+        },
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "methods": methods,
+    }
+    if is_sequence_model(target):  # scored per frame: say so (classification keys unchanged)
+        summary["scoring"] = "frames"
+        summary["n_test_frames"] = int(frame_targets(setting.test.y).shape[0])
+    return summary

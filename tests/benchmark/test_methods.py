@@ -1,0 +1,84 @@
+"""The method registry is the one description of the benchmark's methods (config sections,
+builders, lr -> eta order), and a divergence's step comes from ``NonFiniteError.step``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from test_evaluation import _tiny_problem
+
+from experiments.benchmark_config import MethodsConfig, load_benchmark_config
+from metasampler.benchmark import METHODS, EvalSet, build_method, run_method
+from metasampler.benchmark.methods import check_method_section
+from metasampler.config import ConfigError
+from metasampler.samplers import SGLD
+from metasampler.stepsize import resolve_eta
+from metasampler.targets import NonFiniteError
+
+
+def test_the_methods_section_is_the_registry():
+    sections = {f.name: f.type for f in dataclasses.fields(MethodsConfig)}
+    assert list(sections) == list(METHODS)
+    cfg = load_benchmark_config(None)
+    for key, spec in METHODS.items():
+        assert set(cfg.methods[key]) == {f.name for f in dataclasses.fields(spec.schema)}
+        assert spec.grid(cfg.methods[key]) == list(spec.schema().lr_grid)
+
+
+@pytest.mark.parametrize("key", [k for k in METHODS if k != "nnsghmc"])
+def test_builders_return_the_registered_class_and_order(key):
+    sampler = build_method(key, {}, 0.01, n_data=100, n_steps=20)
+    spec = METHODS[key]
+    assert isinstance(sampler, spec.sampler_class)
+    assert sampler.order == spec.order
+    expected = 0.01 / 100 if spec.order == "first" else (0.01 / 100) ** 0.5
+    assert resolve_eta(sampler.eta, sampler.lr, 100, sampler.order) == pytest.approx(expected)
+
+
+def test_friction_follows_the_step_of_the_registered_order():
+    sghmc = build_method("sghmc", {"momentum_decay": 0.02}, 0.04, n_data=100, n_steps=10)
+    assert sghmc.friction == pytest.approx(0.02 / (0.04 / 100) ** 0.5)
+
+
+def test_section_checks_name_the_key():
+    cfg = load_benchmark_config(None)
+    with pytest.raises(ConfigError, match="methods.csgld.n_cycles"):
+        check_method_section("csgld", {**cfg.methods.csgld, "n_cycles": 50}, shortest_run=20)
+    with pytest.raises(ConfigError, match="methods.sgld.lr_grid must list"):
+        check_method_section("sgld", {**cfg.methods.sgld, "lr_grid": []}, shortest_run=20)
+    check_method_section("nnsghmc", {**cfg.methods.nnsghmc, "lr_grid": []}, shortest_run=20)
+
+
+class _FailsAt(SGLD):
+    """SGLD that reports a non-finite chain at step ``at`` with a message naming no step."""
+
+    def __init__(self, at: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.at = at
+
+    def _step(self, state, target, eta, temperature, generator):
+        if state.step + 1 == self.at:
+            raise NonFiniteError("chain 1 blew up", step=self.at, chain=1, quantity="position")
+        return super()._step(state, target, eta, temperature, generator)
+
+
+def test_divergence_step_comes_from_the_error_field_not_its_message():
+    problem = _tiny_problem()
+    run = run_method(
+        _FailsAt(13, lr=0.01),
+        problem.target,
+        problem.init,
+        main=EvalSet(problem.data.x_test, problem.data.y_test),
+        n_chains=2,
+        n_steps=20,
+        burn_in=5,
+        thin=1,
+        eval_every=5,
+        seed=0,
+    )
+    assert run.diverged_at == 13
+    assert run.message == "chain 1 blew up"
+    assert [row["step"] for row in run.curves] == [5, 10]
+    assert torch.isnan(torch.tensor(run.final["average_nll"]))
