@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from metasampler import distributed
     from metasampler.benchmark import gaussian_benchmark
     from metasampler.logs import RunLogger, plot_sampler_nets
-    from metasampler.meta.setup import build_sampler, with_step
+    from metasampler.meta.build import build_sampler, with_step
     from metasampler.meta.trainer import (
         MetaTrainer,
         TrainingDivergedError,

@@ -17,13 +17,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from .nnsghmc_args import (
+    Activation,
+    FrictionUnits,
+    GammaMode,
+    GradInput,
+    config_fields,
+)
 
 __all__ = [
     "ConfigError",
@@ -59,41 +67,9 @@ class TaskKind(str, Enum):
     chorale_gru = "chorale_gru"  # 004 F.4 (transfer issue)
 
 
-class GammaMode(str, Enum):
-    exact = "exact"
-    finite_difference = "finite_difference"
-    none = "none"
-
-
-class GradInput(str, Enum):
-    """Gradient input of ``f_phiD``: ``s_g * grad / sigma_g`` or the paper's ``s_g * grad / N``."""
-
-    standardised = "standardised"
-    per_datum = "per_datum"
-
-
-class FrictionUnits(str, Enum):
-    """``D_f`` as written (absolute) or divided by the step in use (per-step friction)."""
-
-    absolute = "absolute"
-    per_step = "per_step"
-
-
-class Activation(str, Enum):
-    tanh = "tanh"
-    relu = "relu"
-    sigmoid = "sigmoid"
-    softplus = "softplus"
-
-
 class MusicDataset(str, Enum):
     bach = "bach"  # four-part chorales (music21 corpus), the JSB set's source
     palestrina = "palestrina"  # a 200-piece subset of the music21 Palestrina corpus
-
-
-class DOutput(str, Enum):
-    softplus = "softplus"
-    abs = "abs"
 
 
 class PoolSpan(str, Enum):
@@ -131,29 +107,21 @@ class TaskConfig:
     seq_len: int = 32
 
 
-@dataclass
-class SamplerConfig:
-    """NNSGHMC architecture and constants (see :class:`metasampler.learned.NNSGHMC`)."""
-
-    eta: float | None = 0.01
-    lr: float | None = None  # per-batch learning rate; eta = sqrt(lr / N)
-    q_hidden: list[int] = field(default_factory=lambda: [40])
-    d_hidden: list[int] = field(default_factory=lambda: [40])
-    activation: Activation = Activation.tanh
-    d_output: DOutput = DOutput.softplus
-    beta_off: float = 0.0
-    alpha: float = 0.0
-    c: float = 0.0
-    q_clamp: float = 5.0
-    d_output_scale: float = 1.0
-    energy_input_scale: float = 1.0
-    grad_input_scale: float = 1.0
-    gamma: GammaMode = GammaMode.exact
-    detach_inputs: bool = True
-    d_clamp: float | None = None  # D_f clamped to [0, d_clamp] (paper toy: 5); null: none
-    grad_input: GradInput = GradInput.standardised
-    friction_units: FrictionUnits = FrictionUnits.absolute
-    calibrate_steps: int = 0  # >0: measure input statistics with the untrained sampler
+#: NNSGHMC architecture and constants (:class:`metasampler.nnsghmc_args.NNSGHMCArgs`, one
+#: field per argument it marks ``config``), with the step and ``calibrate_steps``.
+SamplerConfig = make_dataclass(
+    "SamplerConfig",
+    [
+        ("eta", float | None, field(default=0.01)),
+        # per-batch learning rate; eta = sqrt(lr / N)
+        ("lr", float | None, field(default=None)),
+        *config_fields(),
+        # >0: measure input statistics with the untrained sampler
+        ("calibrate_steps", int, field(default=0)),
+    ],
+    namespace={"__doc__": "NNSGHMC architecture and constants (see :class:`NNSGHMCArgs`)."},
+)
+SamplerConfig.__module__ = __name__
 
 
 @dataclass

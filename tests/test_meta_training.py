@@ -200,7 +200,7 @@ def test_config_rejects_unknown_keys_and_bad_values_naming_them():
 
 
 def test_config_passes_the_new_sampler_constants_to_the_sampler():
-    from metasampler.meta.setup import build_sampler
+    from metasampler.meta.build import build_sampler
 
     overrides = [
         "sampler.d_clamp=5",
