@@ -41,9 +41,10 @@ from torch import nn
 
 from metasampler import distributed
 from metasampler.bayesian import BayesianModel
+from metasampler.config import TrainConfig as TrainSettings
 from metasampler.config import load_config
 from metasampler.learned import NNSGHMC
-from metasampler.meta.trainer import MetaTrainer, TrainSettings
+from metasampler.meta.trainer import MetaTrainer
 from metasampler.sampling import sample
 from tasks.registry import Problem, ProblemFamily
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ..config import TrainConfig
 from ..learned.nnsghmc import NNSGHMC
 from ..nnsghmc_args import NNSGHMCArgs
 
-__all__ = ["build_sampler", "with_step"]
+__all__ = ["build_sampler", "settings_from_config", "with_step"]
 
 
 def build_sampler(cfg: Any, seed: int = 0) -> NNSGHMC:
@@ -22,3 +23,12 @@ def with_step(sampler: NNSGHMC, eta: float | None = None, lr: float | None = Non
     other = copy.deepcopy(sampler)
     other.eta, other.lr = eta, lr
     return other
+
+
+def settings_from_config(cfg: Any) -> TrainConfig:
+    """A :class:`~metasampler.config.TrainConfig` from an OmegaConf ``train`` node (or a
+    plain mapping)."""
+    values = {k: cfg[k] for k in TrainConfig.__dataclass_fields__ if k in cfg}
+    if "adam_betas" in values:
+        values["adam_betas"] = [float(b) for b in values["adam_betas"]]
+    return TrainConfig(**values)
