@@ -61,6 +61,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -210,16 +211,7 @@ def load_sampler(
         ValueError: bad arguments, or no ``eta`` / ``lr`` given and none stored.
     """
     # Arguments first, so that any error the constructor raises below is the file's.
-    if eta is not None and lr is not None:
-        raise ValueError("give at most one of eta (SDE step) or lr (per-batch learning rate)")
-    if eta is not None or lr is not None:
-        check_step_args(eta, lr)
-    if gamma is not None and gamma not in GAMMA_MODES:
-        raise ValueError(f"gamma must be one of {GAMMA_MODES}, got {gamma!r}")
-    if not (temperature >= 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a floating torch dtype or None, got {dtype!r}")
+    _check_load_args(eta, lr, gamma, temperature, dtype)
     device = torch.device(device)
 
     path = _sampler_file(path)
@@ -234,31 +226,13 @@ def load_sampler(
             ),
             stacklevel=2,
         )
-    arch, training = header["architecture"], header["training"]
+    training = header["training"]
     if eta is None and lr is None:
         eta, lr = training["eta"], training["lr"]
     step_known = eta is not None or lr is not None
-    try:
-        # seed=None: no random draws, the weights come from the file. Without a known step a
-        # placeholder lets the file be validated before that is reported. The schema bounds
-        # every size, so building allocates little.
-        args = NNSGHMCArgs.from_header(header["architecture"], header["constants"])
-        if gamma is not None:
-            args = dataclasses.replace(args, gamma=gamma)
-        sampler = NNSGHMC(
-            eta=eta if step_known else 1.0,
-            lr=lr,
-            temperature=temperature,
-            schedule=schedule,
-            seed=None,
-            **args.as_kwargs(),
-        )
-    except ValueError as err:
-        raise SamplerFileError(f"{path} holds an invalid sampler description: {err}") from None
-    net_dtype = DTYPES[NET_DTYPES[arch["dtype"]]][0]
-    sampler.f_q.to(dtype=net_dtype)
-    sampler.f_d.to(dtype=net_dtype)
-
+    # Without a known step a placeholder lets the file be validated before that is reported.
+    step = {"eta": eta if step_known else 1.0, "lr": lr}
+    sampler = _build(path, header, gamma, temperature=temperature, schedule=schedule, **step)
     tensors = _read_tensors(path, file, sampler.state_dict())
     _check_values(path, header, tensors)
     if not step_known:
@@ -273,6 +247,44 @@ def load_sampler(
     if dtype is not None:
         sampler.f_q.to(dtype=dtype)
         sampler.f_d.to(dtype=dtype)
+    return sampler
+
+
+def _check_load_args(
+    eta: float | None,
+    lr: float | None,
+    gamma: str | None,
+    temperature: float,
+    dtype: torch.dtype | None,
+) -> None:
+    """:func:`load_sampler`'s own arguments (``ValueError`` for a bad one)."""
+    if eta is not None and lr is not None:
+        raise ValueError("give at most one of eta (SDE step) or lr (per-batch learning rate)")
+    if eta is not None or lr is not None:
+        check_step_args(eta, lr)
+    if gamma is not None and gamma not in GAMMA_MODES:
+        raise ValueError(f"gamma must be one of {GAMMA_MODES}, got {gamma!r}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch dtype or None, got {dtype!r}")
+
+
+def _build(path: Path, header: dict, gamma: str | None, **sampler_args: Any) -> NNSGHMC:
+    """The sampler the header describes (``gamma``: overrides the stored mode), its nets in
+    the stored dtype; ``sampler_args``: the step, temperature and schedule."""
+    try:
+        # seed=None: no random draws, the weights come from the file. The schema bounds
+        # every size, so building allocates little.
+        args = NNSGHMCArgs.from_header(header["architecture"], header["constants"])
+        if gamma is not None:
+            args = dataclasses.replace(args, gamma=gamma)
+        sampler = NNSGHMC(seed=None, **sampler_args, **args.as_kwargs())
+    except ValueError as err:
+        raise SamplerFileError(f"{path} holds an invalid sampler description: {err}") from None
+    net_dtype = DTYPES[NET_DTYPES[header["architecture"]["dtype"]]][0]
+    sampler.f_q.to(dtype=net_dtype)
+    sampler.f_d.to(dtype=net_dtype)
     return sampler
 
 

@@ -44,50 +44,46 @@ __all__ = [
 ]
 
 
-class GammaMode(str, Enum):
-    """How the Gamma correction's derivatives are obtained (``"none"``: a diagnostic only)."""
-
-    exact = "exact"
-    finite_difference = "finite_difference"
-    none = "none"
-
-
-class GradInput(str, Enum):
-    """Gradient input of ``f_phiD``: ``s_g * grad / sigma_g`` or the paper's ``s_g * grad / N``."""
-
-    standardised = "standardised"
-    per_datum = "per_datum"
+def _choices(name: str, doc: str, *values: str) -> type[Enum]:
+    """A ``str`` :class:`Enum` whose members are named by their values."""
+    choices = Enum(name, [(v, v) for v in values], type=str, module=__name__)
+    choices.__doc__ = doc
+    return choices
 
 
-class FrictionUnits(str, Enum):
-    """``D_f`` as written (absolute) or divided by the step in use (per-step friction)."""
-
-    absolute = "absolute"
-    per_step = "per_step"
-
-
-class Activation(str, Enum):
-    """Hidden activation of the nets (``metasampler.learned.nets.ACTIVATIONS``)."""
-
-    tanh = "tanh"
-    relu = "relu"
-    sigmoid = "sigmoid"
-    softplus = "softplus"
-
-
-class DOutput(str, Enum):
-    """Output transform of ``f_phiD`` (both keep it ``>= 0``)."""
-
-    softplus = "softplus"
-    abs = "abs"
-
-
-class MomentumInit(str, Enum):
-    """Initial momentum: ``N(0, T I)`` or zeros."""
-
-    normal = "normal"
-    zeros = "zeros"
-
+GammaMode = _choices(
+    "GammaMode",
+    "How the Gamma correction's derivatives are obtained (``none``: a diagnostic only).",
+    "exact",
+    "finite_difference",
+    "none",
+)
+GradInput = _choices(
+    "GradInput",
+    "Gradient input of ``f_phiD``: ``s_g * grad / sigma_g`` or the paper's ``s_g * grad / N``.",
+    "standardised",
+    "per_datum",
+)
+FrictionUnits = _choices(
+    "FrictionUnits",
+    "``D_f`` as written (absolute) or divided by the step in use (per-step friction).",
+    "absolute",
+    "per_step",
+)
+Activation = _choices(
+    "Activation",
+    "Hidden activation of the nets (``metasampler.learned.nets.ACTIVATIONS``).",
+    "tanh",
+    "relu",
+    "sigmoid",
+    "softplus",
+)
+DOutput = _choices(
+    "DOutput", "Output transform of ``f_phiD`` (both keep it >= 0).", "softplus", "abs"
+)
+MomentumInit = _choices(
+    "MomentumInit", "Initial momentum: ``N(0, T I)`` or zeros.", "normal", "zeros"
+)
 
 GAMMA_MODES = tuple(m.value for m in GammaMode)
 GRAD_INPUTS = tuple(m.value for m in GradInput)

@@ -80,8 +80,9 @@ from ..sampling import make_generator, sample
 from ..schedules import Schedule
 from ..stepsize import resolve_eta
 from ..targets import Evaluation, Target
-from . import fast
 from .equations import StepConfig, nnsghmc_coefficients
+from .fast import StepArgs
+from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
 
 __all__ = [
@@ -142,12 +143,12 @@ class NNSGHMC(nn.Module, Sampler):
     def __init__(
         self,
         *,
+        seed: int | None = 0,
+        compile: bool | None = None,
         eta: float | None = None,
         lr: float | None = None,
         temperature: float = 1.0,
         schedule: Schedule | None = None,
-        seed: int | None = 0,
-        compile: bool | None = None,
         **arguments: Any,
     ) -> None:
         nn.Module.__init__(self)
@@ -306,11 +307,11 @@ class NNSGHMC(nn.Module, Sampler):
         if gamma == "finite_difference" and "q_tilde" in extras:
             cache = (extras["u"], extras["q_tilde"], extras["p_hat"], extras["dq_dph"])
         noise = gaussian_like(p, generator) if temperature > 0 else None
-        args = fast.StepArgs(
+        args = StepArgs(
             state.theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype),
             self._scalars(target, eta, temperature), self._config(gamma, self.detach_inputs),
         )  # fmt: skip
-        new_theta, new_p, check, new_cache = fast.run(args, self)
+        new_theta, new_p, check, new_cache = run_step(args, self)
         if not bool(torch.isfinite(check)):
             # Name the chain and quantity (recomputed only in this rare case).
             q, d, _, _ = nnsghmc_coefficients(
@@ -355,18 +356,8 @@ class NNSGHMC(nn.Module, Sampler):
             sums["g"].append(grad.double().pow(2).mean())
             sums["u"].append(state.energy.double() / target.n_data)
 
-        sample(
-            self,
-            target,
-            n_chains,
-            n_steps,
-            init=init,
-            seed=seed,
-            progress=False,
-            callback=record,
-            store=False,
-            device=device,
-        )
+        run = {"init": init, "seed": seed, "callback": record, "device": device}
+        sample(self, target, n_chains, n_steps, progress=False, store=False, **run)
         p_std = float(torch.stack(sums["p"]).mean().sqrt())
         g_std = float(torch.stack(sums["g"]).mean().sqrt())
         self.momentum_std.fill_(max(p_std, 1e-8))
