@@ -17,7 +17,7 @@ from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError
 from tasks.registry import ProblemFamily
 from tasks.toy import gaussian
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def small_settings(**overrides) -> TrainConfig:

@@ -59,7 +59,7 @@ from metasampler.samplers import SGHMC, SGLD
 from metasampler.sampling import make_generator, sample
 from tasks.registry import Problem, ProblemFamily
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
 SEED = 11
 STEIN = {"bandwidth_factor": 0.5, "ridge": 0.04}
