@@ -46,12 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     from metasampler import distributed
     from metasampler.benchmark import gaussian_benchmark
     from metasampler.logs import RunLogger, plot_sampler_nets
-    from metasampler.meta.setup import build_sampler, with_step
-    from metasampler.meta.trainer import (
-        MetaTrainer,
-        TrainingDivergedError,
-        settings_from_config,
-    )
+    from metasampler.meta.build import build_sampler, settings_from_config, with_step
+    from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError
     from tasks.registry import ProblemFamily, build_problem
 
     # Threads; under torchrun also join the process group (one GPU per process for CUDA).

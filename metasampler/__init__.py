@@ -10,6 +10,7 @@ Quick start::
 """
 
 from . import benchmark, diagnostics, distributed, meta, samplers, schedules
+from ._version import __version__ as __version__
 from .bayesian import BayesianModel, Predictive, assign_params, flatten_params, unflatten_params
 from .export import SamplerFileError, SamplerFileWarning, load_sampler, pretrained_samplers
 from .learned import NNSGHMC
@@ -44,4 +45,3 @@ __all__ = [
     "samplers",
     "schedules",
 ]
-__version__ = "0.1.0"

@@ -26,6 +26,9 @@ Conventions:
   of ``(theta, x)``; the module passed in is not modified.
 * **Every parameter is sampled**, including ones with ``requires_grad=False``. Parameters
   must be floating point. Tied parameters appear once.
+
+The flat layout is :mod:`metasampler.flat_params`, the likelihoods
+:mod:`metasampler.likelihoods` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -33,16 +36,22 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
-from torch.nn.utils import vector_to_parameters
 from torch.utils.data import TensorDataset
 
+from .flat_params import ParamSpec, assign_params, flatten_params, unflatten_params
+from .likelihoods import (
+    LogLik,
+    bernoulli_frame_log_lik,
+    bernoulli_log_lik,
+    bernoulli_sequence_log_lik,
+    categorical_log_lik,
+    gaussian_log_lik,
+)
 from .targets import Evaluation, check_positions, energy_and_grad
 
 __all__ = [
@@ -58,117 +67,6 @@ __all__ = [
     "bernoulli_frame_log_lik",
     "bernoulli_sequence_log_lik",
 ]
-
-LogLik = Callable[[Tensor, Tensor], Tensor]
-
-
-# --------------------------------------------------------------------------------------------
-# Flat parameter vectors
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ParamSpec:
-    """Where each named parameter lives in the flat vector ``theta`` of length ``dim``.
-
-    Built once per module (:meth:`from_module`); :meth:`unflatten` is then a split and a
-    reshape per parameter, which also works on a single row inside :func:`torch.func.vmap`.
-    """
-
-    names: tuple[str, ...]
-    shapes: tuple[torch.Size, ...]
-    numels: tuple[int, ...]
-    offsets: tuple[int, ...]
-
-    @classmethod
-    def from_module(cls, module: nn.Module) -> ParamSpec:
-        """The layout of ``module.named_parameters()`` (tied parameters once)."""
-        if not isinstance(module, nn.Module):
-            raise ValueError(f"module must be a torch.nn.Module, got {type(module)}")
-        names, shapes, numels, offsets = [], [], [], []
-        offset = 0
-        for name, p in module.named_parameters():
-            names.append(name)
-            shapes.append(p.shape)
-            numels.append(p.numel())
-            offsets.append(offset)
-            offset += p.numel()
-        return cls(tuple(names), tuple(shapes), tuple(numels), tuple(offsets))
-
-    @property
-    def dim(self) -> int:
-        """Total number of parameters ``D``."""
-        return sum(self.numels)
-
-    def flatten(self, params: Mapping[str, Tensor]) -> Tensor:
-        """Concatenate ``params[name]`` in spec order; a leading batch shape is kept."""
-        missing = [n for n in self.names if n not in params]
-        if missing:
-            raise ValueError(f"params is missing entries {missing}")
-        lead = params[self.names[0]].shape[: params[self.names[0]].ndim - len(self.shapes[0])]
-        return torch.cat([params[n].reshape(*lead, -1) for n in self.names], dim=-1)
-
-    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
-        """Views of ``flat`` (``(..., D)``) as ``{name: (..., *shape)}``."""
-        if flat.shape[-1] != self.dim:
-            raise ValueError(
-                f"flat parameters must have last dimension {self.dim}, got {tuple(flat.shape)}"
-            )
-        lead = flat.shape[:-1]
-        pieces = torch.split(flat, self.numels, dim=-1)
-        return {
-            n: piece.reshape((*lead, *shape))  # a tuple: 0-d parameters give ()
-            for n, piece, shape in zip(self.names, pieces, self.shapes, strict=True)
-        }
-
-
-def flatten_params(module: nn.Module) -> Tensor:
-    """A detached copy of all of ``module``'s parameters as one ``(D,)`` vector.
-
-    Same order as ``torch.nn.utils.parameters_to_vector(module.parameters())``.
-    """
-    params = [p.detach().reshape(-1) for p in module.parameters()]
-    if not params:
-        raise ValueError("module has no parameters")
-    return torch.cat(params).clone()
-
-
-def unflatten_params(flat: Tensor, module: nn.Module) -> dict[str, Tensor]:
-    """Split ``flat`` of shape ``(D,)`` or ``(K, D)`` into ``{name: tensor}`` for ``module``.
-
-    With a ``(K, D)`` input every tensor has a leading ``K`` dimension. The tensors are views
-    of ``flat`` (differentiable), ready for :func:`torch.func.functional_call`.
-    """
-    if not isinstance(flat, Tensor) or flat.ndim not in (1, 2):
-        raise ValueError(
-            f"flat must be a (D,) or (K, D) tensor, got {getattr(flat, 'shape', flat)}"
-        )
-    return ParamSpec.from_module(module).unflatten(flat)
-
-
-def assign_params(module: nn.Module, flat: Tensor) -> nn.Module:
-    """Copy one sample ``flat`` of shape ``(D,)`` into ``module``'s parameters, in place.
-
-    The layout is :class:`BayesianModel`'s: ``module.parameters()`` order, each parameter
-    flattened row-major, tied parameters once — exactly what
-    ``torch.nn.utils.vector_to_parameters(flat, module.parameters())`` expects, which this
-    wraps with shape and dtype checks. E.g. ``assign_params(net, result.theta[-1, 0])`` puts
-    chain 0's last sample into ``net`` (``result.theta`` is ``(samples, chains, D)``).
-
-    Returns:
-        ``module`` (for chaining).
-
-    Raises:
-        ValueError: ``flat`` is not a ``(D,)`` tensor with ``D`` the module's parameter count.
-    """
-    dim = ParamSpec.from_module(module).dim
-    if not isinstance(flat, Tensor) or flat.shape != (dim,):
-        raise ValueError(
-            f"flat must be a ({dim},) tensor for this module (one sample, e.g. "
-            f"result.theta[s, k]), got {getattr(flat, 'shape', type(flat))}"
-        )
-    first = next(module.parameters())
-    with torch.no_grad():
-        vector_to_parameters(flat.detach().to(first.device, first.dtype), module.parameters())
-    return module
 
 
 @dataclass(frozen=True)
@@ -206,76 +104,6 @@ class Predictive:
                 f"y must have shape {tuple(self.mean.shape[:-1])}, got {tuple(y.shape)}"
             )
         return float((self.mean.argmax(-1) == y).double().mean())
-
-
-# --------------------------------------------------------------------------------------------
-# Likelihoods: (outputs (B, ...), y (B, ...)) -> log p(y_b | x_b, theta), shape (B,)
-# --------------------------------------------------------------------------------------------
-def _per_example(logp: Tensor) -> Tensor:
-    """Sum a ``(B, ...)`` tensor of log-probabilities over everything but the batch dim."""
-    return logp.reshape(logp.shape[0], -1).sum(-1) if logp.ndim > 1 else logp
-
-
-def categorical_log_lik(outputs: Tensor, y: Tensor) -> Tensor:
-    """``log softmax(outputs)[y] = outputs[y] - logsumexp(outputs)``: logits ``(B, ..., C)``,
-    integer labels ``(B, ...)``."""
-    if outputs.shape[:-1] != y.shape:
-        raise ValueError(
-            f"categorical likelihood needs outputs (B, ..., C) and labels (B, ...), got outputs "
-            f"{tuple(outputs.shape)} and y {tuple(y.shape)}"
-        )
-    # gather - logsumexp rather than log_softmax: the same value without the (K, B, C) output
-    logp = outputs.gather(-1, y.unsqueeze(-1)).squeeze(-1) - outputs.logsumexp(-1)
-    return _per_example(logp)
-
-
-def _match_shape(outputs: Tensor, y: Tensor, name: str) -> Tensor:
-    if outputs.shape == y.shape:
-        return outputs
-    if outputs.ndim == y.ndim + 1 and outputs.shape[-1] == 1 and outputs.shape[:-1] == y.shape:
-        return outputs.squeeze(-1)  # a (B, 1) regression head with (B,) targets
-    raise ValueError(
-        f"{name} likelihood needs outputs and y of the same shape (or outputs (B, 1) with y "
-        f"(B,)), got outputs {tuple(outputs.shape)} and y {tuple(y.shape)}"
-    )
-
-
-def gaussian_log_lik(outputs: Tensor, y: Tensor, noise_std: float = 1.0) -> Tensor:
-    """``log N(y; outputs, noise_std^2)`` summed over output dimensions (constant included)."""
-    mean = _match_shape(outputs, y, "gaussian")
-    z = (y - mean) / noise_std
-    logp = -0.5 * z * z - (math.log(noise_std) + 0.5 * math.log(2 * math.pi))
-    return _per_example(logp)
-
-
-def bernoulli_log_lik(outputs: Tensor, y: Tensor) -> Tensor:
-    """``y log sigmoid(o) + (1 - y) log sigmoid(-o) = y o - softplus(o)`` for logits ``o``,
-    summed over every non-batch dimension (e.g. time and the 88 keys of a piano roll)."""
-    logits = _match_shape(outputs, y, "bernoulli")
-    return _per_example(y * logits - F.softplus(logits))
-
-
-def bernoulli_frame_log_lik(outputs: Tensor, y: Tensor) -> Tensor:
-    """Per-frame log-likelihood of independent Bernoulli notes: logits and 0/1 targets
-    ``(..., T, P)`` (e.g. ``P = 88`` piano keys) give ``sum_p y o - softplus(o)``, shape
-    ``(..., T)``. A frame whose targets are negative (padding, marked ``-1``) gives 0, so
-    sequences of different lengths share one padded tensor (and padding gets no gradient)."""
-    if outputs.shape != y.shape or outputs.ndim < 2:
-        raise ValueError(
-            "sequence likelihood needs logits and targets of the same shape (..., T, P), got "
-            f"outputs {tuple(outputs.shape)} and y {tuple(y.shape)}"
-        )
-    valid = (y >= 0).all(-1)
-    logp = (y.clamp(min=0) * outputs - F.softplus(outputs)).sum(-1)
-    return logp * valid.to(logp.dtype)
-
-
-def bernoulli_sequence_log_lik(outputs: Tensor, y: Tensor) -> Tensor:
-    """:func:`bernoulli_frame_log_lik` summed over the frames of each sequence: logits and
-    targets ``(B, T, P)`` (padding frames ``-1``) give ``log p(sequence_b)``, shape ``(B,)``."""
-    if outputs.ndim != 3:
-        raise ValueError(f"sequence likelihood needs (B, T, P) outputs, got {tuple(outputs.shape)}")
-    return bernoulli_frame_log_lik(outputs, y).sum(-1)
 
 
 # --------------------------------------------------------------------------------------------

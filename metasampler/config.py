@@ -10,13 +10,22 @@ starts*, with a :class:`ConfigError` naming the key.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from .nnsghmc_args import (
+    Activation,
+    DOutput,
+    FrictionUnits,
+    GammaMode,
+    GradInput,
+    config_fields,
+)
 
 __all__ = [
     "ConfigError",
@@ -38,38 +47,6 @@ class ConfigError(ValueError):
     """A config key or value is not valid; the message names the key."""
 
 
-class GammaMode(str, Enum):
-    exact = "exact"
-    finite_difference = "finite_difference"
-    none = "none"
-
-
-class GradInput(str, Enum):
-    """Gradient input of ``f_phiD``: ``s_g * grad / sigma_g`` or the paper's ``s_g * grad / N``."""
-
-    standardised = "standardised"
-    per_datum = "per_datum"
-
-
-class FrictionUnits(str, Enum):
-    """``D_f`` as written (absolute) or divided by the step in use (per-step friction)."""
-
-    absolute = "absolute"
-    per_step = "per_step"
-
-
-class Activation(str, Enum):
-    tanh = "tanh"
-    relu = "relu"
-    sigmoid = "sigmoid"
-    softplus = "softplus"
-
-
-class DOutput(str, Enum):
-    softplus = "softplus"
-    abs = "abs"
-
-
 class PoolSpan(str, Enum):
     """What the in-chain pool of positions spans (see ``metasampler.meta.schedule``)."""
 
@@ -77,29 +54,21 @@ class PoolSpan(str, Enum):
     segment = "segment"  # the whole segment: one Stein estimate over all its pooled samples
 
 
-@dataclass
-class SamplerConfig:
-    """NNSGHMC architecture and constants (see :class:`metasampler.learned.NNSGHMC`)."""
-
-    eta: float | None = 0.01
-    lr: float | None = None  # per-batch learning rate; eta = sqrt(lr / N)
-    q_hidden: list[int] = field(default_factory=lambda: [40])
-    d_hidden: list[int] = field(default_factory=lambda: [40])
-    activation: Activation = Activation.tanh
-    d_output: DOutput = DOutput.softplus
-    beta_off: float = 0.0
-    alpha: float = 0.0
-    c: float = 0.0
-    q_clamp: float = 5.0
-    d_output_scale: float = 1.0
-    energy_input_scale: float = 1.0
-    grad_input_scale: float = 1.0
-    gamma: GammaMode = GammaMode.exact
-    detach_inputs: bool = True
-    d_clamp: float | None = None  # D_f clamped to [0, d_clamp] (paper toy: 5); null: none
-    grad_input: GradInput = GradInput.standardised
-    friction_units: FrictionUnits = FrictionUnits.absolute
-    calibrate_steps: int = 0  # >0: measure input statistics with the untrained sampler
+#: NNSGHMC architecture and constants (:class:`metasampler.nnsghmc_args.NNSGHMCArgs`, one
+#: field per argument it marks ``config``), with the step and ``calibrate_steps``.
+SamplerConfig = make_dataclass(
+    "SamplerConfig",
+    [
+        ("eta", float | None, field(default=0.01)),
+        # per-batch learning rate; eta = sqrt(lr / N)
+        ("lr", float | None, field(default=None)),
+        *config_fields(),
+        # >0: measure input statistics with the untrained sampler
+        ("calibrate_steps", int, field(default=0)),
+    ],
+    namespace={"__doc__": "NNSGHMC architecture and constants (see :class:`NNSGHMCArgs`)."},
+)
+SamplerConfig.__module__ = __name__
 
 
 @dataclass

@@ -29,8 +29,9 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
                      "torch": "2.13.0", "metasampler": "0.1.0", "...": "user-supplied"}
     }
 
-  The architecture and constants are the :class:`NNSGHMC` constructor arguments (SPEC §3),
-  so the file alone rebuilds the sampler. ``statistics`` and ``train_dim`` repeat the buffers
+  The architecture and constants are the :class:`NNSGHMC` constructor arguments (SPEC §3,
+  described once by :class:`~metasampler.nnsghmc_args.NNSGHMCArgs`, in that order), so the
+  file alone rebuilds the sampler. ``statistics`` and ``train_dim`` repeat the buffers
   for inspection (the tensors are authoritative; a disagreement is an error). ``training``
   records the step the sampler was meta-trained with: :func:`load_sampler` uses it unless
   ``eta`` or ``lr`` is given. Version 1 files (written before ``d_clamp``, ``grad_input``
@@ -43,45 +44,44 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
   header checked only by the schema and against the tensors (``metasampler/sampler_file.py``
   defines both checksums and every check).
 
-:func:`save_sampler` writes through a temporary file in the target directory and
-``os.replace``, so an interrupted save leaves either the old file or none, never half a file
-(temporary files of killed saves are removed by the next save into that directory).
+:func:`save_sampler` (:mod:`metasampler.sampler_write`) writes through a temporary file in the
+target directory and ``os.replace``, so an interrupted save leaves either the old file or
+none, never half a file (temporary files of killed saves are removed by the next save into
+that directory).
 :func:`load_sampler` checks the whole file (sizes, layout, strict header schema, checksum)
 before building anything; every failure is a :class:`SamplerFileError` saying what is wrong.
 """
 
 from __future__ import annotations
 
-import datetime
+import dataclasses
 import json
 import math
 import os
-import subprocess
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 from torch import Tensor
 
-from .learned.nnsghmc import GAMMA_MODES, NNSGHMC
+from .learned.nnsghmc import NNSGHMC
+from .nnsghmc_args import GAMMA_MODES, NNSGHMCArgs
 from .sampler_file import (
-    CHECKSUM_FULL,
     DTYPES,
-    MAX_JSON_BYTES,
+    FORMAT,
+    FORMAT_VERSION,
+    HEADER_KEY,
     NET_DTYPES,
+    READABLE_VERSIONS,
     SamplerFile,
     SamplerFileError,
     SamplerFileWarning,
-    header_checksum,
-    parse_json,
     read_raw_header,
     read_sampler_file,
 )
 from .schedules import Schedule
-from .staging import owner_tag, remove_stale_files
 from .stepsize import check_step_args
 
 __all__ = [
@@ -97,26 +97,7 @@ __all__ = [
     "upgrade_sampler_file",
 ]
 
-FORMAT = "metasampler.nnsghmc"
-FORMAT_VERSION = 2
-#: Format versions :func:`load_sampler` reads (1: header not covered by the checksum).
-READABLE_VERSIONS = (1, 2)
-#: Constants version 1 files lack take these values (the behaviour they were trained with).
-_V2_CONSTANTS = {"d_clamp": None, "grad_input": "standardised", "friction_units": "absolute"}
-#: The safetensors metadata key holding the JSON header.
-HEADER_KEY = "metasampler"
-
-_STATISTICS = ("energy_loc", "energy_std", "momentum_std", "grad_std")
 _POSITIVE_STATISTICS = ("energy_std", "momentum_std", "grad_std")
-_FLOAT_CONSTANTS = (
-    "beta_off",
-    "alpha",
-    "c",
-    "q_clamp",
-    "d_output_scale",
-    "energy_input_scale",
-    "grad_input_scale",
-)
 
 PathLike = str | os.PathLike
 
@@ -147,157 +128,7 @@ def save_sampler(sampler: NNSGHMC, path: PathLike, provenance: dict | None = Non
     """
     if not isinstance(sampler, NNSGHMC):
         raise TypeError(f"save_sampler expects an NNSGHMC, got {type(sampler).__name__}")
-    if provenance is not None and not isinstance(provenance, Mapping):
-        raise TypeError(f"provenance must be a dict or None, got {type(provenance).__name__}")
-    if sampler.f_q.activation != sampler.f_d.activation:
-        raise ValueError(
-            "cannot export an NNSGHMC whose nets use different activations "
-            f"(f_q: {sampler.f_q.activation}, f_d: {sampler.f_d.activation}); the constructor "
-            "takes one activation for both"
-        )
-    tensors: dict[str, Tensor] = {}
-    for name, value in sampler.state_dict().items():
-        value = value.detach().to("cpu").clone().contiguous()
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            bad = int((~torch.isfinite(value)).sum())
-            raise SamplerFileError(
-                f"refusing to save: tensor {name!r} has {bad} non-finite value(s) "
-                f"of {value.numel()}"
-            )
-        tensors[name] = value
-    header = _build_header(sampler, tensors, dict(provenance or {}))
-    metadata = {HEADER_KEY: json.dumps(header, allow_nan=False)}
-    _check_header_loads(metadata[HEADER_KEY])
-    _atomic_save(tensors, Path(path), metadata)
-
-
-def _check_header_loads(text: str) -> None:
-    """Refuse (before writing) a header that :func:`load_sampler` would refuse: too large or
-    nested too deep (a big or deep ``provenance``)."""
-    if len(text) > MAX_JSON_BYTES // 2:
-        raise ValueError(
-            f"refusing to save: the header would take {len(text)} bytes; sampler files hold "
-            f"at most {MAX_JSON_BYTES // 2} (make the provenance smaller)"
-        )
-
-    def refuse(what: str) -> None:
-        raise ValueError(f"refusing to save: {what} (make the provenance simpler)")
-
-    parse_json(text.encode(), "header", refuse)
-
-
-def _build_header(sampler: NNSGHMC, tensors: dict[str, Tensor], provenance: dict) -> dict:
-    auto = {
-        "commit": _git_commit(),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "metasampler": _metasampler_version(),
-    }
-    header = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "architecture": {
-            "q_hidden": [int(h) for h in sampler.f_q.hidden],
-            "d_hidden": [int(h) for h in sampler.f_d.hidden],
-            "activation": sampler.f_q.activation,
-            "d_output": sampler.f_d.output,
-            "dtype": str(sampler.f_q.head.weight.dtype).removeprefix("torch."),
-        },
-        "constants": {
-            **{name: float(getattr(sampler, name)) for name in _FLOAT_CONSTANTS},
-            "gamma": sampler.gamma,
-            "momentum_init": sampler.momentum_init,
-            "detach_inputs": bool(sampler.detach_inputs),
-            "d_clamp": None if sampler.d_clamp is None else float(sampler.d_clamp),
-            "grad_input": sampler.grad_input,
-            "friction_units": sampler.friction_units,
-        },
-        "training": {
-            "eta": None if sampler.eta is None else float(sampler.eta),
-            "lr": None if sampler.lr is None else float(sampler.lr),
-            "temperature": float(sampler.temperature),
-        },
-        "statistics": {name: float(tensors[name]) for name in _STATISTICS},
-        "train_dim": int(tensors["train_dim"]),
-        "provenance": _jsonable({**auto, **provenance}),
-    }
-    header["checksum"] = {"algorithm": CHECKSUM_FULL, "value": header_checksum(header, tensors)}
-    return header
-
-
-def _atomic_save(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str]) -> None:
-    """``save_file`` into a temporary sibling, then ``os.replace`` it onto ``path``."""
-    directory = path.parent
-    if not directory.is_dir():
-        raise FileNotFoundError(f"directory {str(directory)!r} for {str(path)!r} does not exist")
-    # Temporary files of saves that were killed are removed here, at the next save; the
-    # owner tag (host, pid) says which are stale (metasampler/staging.py).
-    remove_stale_files(directory, f".{path.name}.", ".tmp")
-    tmp = directory / f".{path.name}.{owner_tag()}.tmp"
-    # safetensors itself may write through a private (0o600) temporary file: give the result
-    # the mode of the file it replaces, else the ordinary 0o666 minus the umask.
-    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o666 & ~_umask()
-    try:
-        safetensors.torch.save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (Linux); 0o022 where unknown."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
-
-
-def _git_commit() -> str:
-    """``git rev-parse HEAD`` of the checkout holding this package, else ``"unknown"``."""
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    commit = result.stdout.strip()
-    return commit if result.returncode == 0 and commit else "unknown"
-
-
-def _metasampler_version() -> str:
-    import metasampler  # local: the package may import this module while initialising
-
-    return str(getattr(metasampler, "__version__", "unknown"))
-
-
-def _jsonable(value: Any) -> Any:
-    """A JSON-safe copy: dicts, lists, strings, finite numbers; anything else as ``str``."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Tensor) and value.numel() == 1:
-        return _jsonable(value.item())
-    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy scalars
-        return _jsonable(value.item())
-    return str(value)
+    sampler.save(path, provenance=provenance)
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,16 +211,7 @@ def load_sampler(
         ValueError: bad arguments, or no ``eta`` / ``lr`` given and none stored.
     """
     # Arguments first, so that any error the constructor raises below is the file's.
-    if eta is not None and lr is not None:
-        raise ValueError("give at most one of eta (SDE step) or lr (per-batch learning rate)")
-    if eta is not None or lr is not None:
-        check_step_args(eta, lr)
-    if gamma is not None and gamma not in GAMMA_MODES:
-        raise ValueError(f"gamma must be one of {GAMMA_MODES}, got {gamma!r}")
-    if not (temperature >= 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a floating torch dtype or None, got {dtype!r}")
+    _check_load_args(eta, lr, gamma, temperature, dtype)
     device = torch.device(device)
 
     path = _sampler_file(path)
@@ -404,39 +226,13 @@ def load_sampler(
             ),
             stacklevel=2,
         )
-    arch, training = header["architecture"], header["training"]
-    consts = {**_V2_CONSTANTS, **header["constants"]}
+    training = header["training"]
     if eta is None and lr is None:
         eta, lr = training["eta"], training["lr"]
     step_known = eta is not None or lr is not None
-    try:
-        # seed=None: no random draws, the weights come from the file. Without a known step a
-        # placeholder lets the file be validated before that is reported. The schema bounds
-        # every size, so building allocates little.
-        sampler = NNSGHMC(
-            eta=eta if step_known else 1.0,
-            lr=lr,
-            q_hidden=arch["q_hidden"],
-            d_hidden=arch["d_hidden"],
-            activation=arch["activation"],
-            d_output=arch["d_output"],
-            **{name: float(consts[name]) for name in _FLOAT_CONSTANTS},
-            gamma=consts["gamma"] if gamma is None else gamma,
-            detach_inputs=consts["detach_inputs"],
-            momentum_init=consts["momentum_init"],
-            d_clamp=consts["d_clamp"],
-            grad_input=consts["grad_input"],
-            friction_units=consts["friction_units"],
-            temperature=temperature,
-            schedule=schedule,
-            seed=None,
-        )
-    except ValueError as err:
-        raise SamplerFileError(f"{path} holds an invalid sampler description: {err}") from None
-    net_dtype = DTYPES[NET_DTYPES[arch["dtype"]]][0]
-    sampler.f_q.to(dtype=net_dtype)
-    sampler.f_d.to(dtype=net_dtype)
-
+    # Without a known step a placeholder lets the file be validated before that is reported.
+    step = {"eta": eta if step_known else 1.0, "lr": lr}
+    sampler = _build(path, header, gamma, temperature=temperature, schedule=schedule, **step)
     tensors = _read_tensors(path, file, sampler.state_dict())
     _check_values(path, header, tensors)
     if not step_known:
@@ -451,6 +247,44 @@ def load_sampler(
     if dtype is not None:
         sampler.f_q.to(dtype=dtype)
         sampler.f_d.to(dtype=dtype)
+    return sampler
+
+
+def _check_load_args(
+    eta: float | None,
+    lr: float | None,
+    gamma: str | None,
+    temperature: float,
+    dtype: torch.dtype | None,
+) -> None:
+    """:func:`load_sampler`'s own arguments (``ValueError`` for a bad one)."""
+    if eta is not None and lr is not None:
+        raise ValueError("give at most one of eta (SDE step) or lr (per-batch learning rate)")
+    if eta is not None or lr is not None:
+        check_step_args(eta, lr)
+    if gamma is not None and gamma not in GAMMA_MODES:
+        raise ValueError(f"gamma must be one of {GAMMA_MODES}, got {gamma!r}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch dtype or None, got {dtype!r}")
+
+
+def _build(path: Path, header: dict, gamma: str | None, **sampler_args: Any) -> NNSGHMC:
+    """The sampler the header describes (``gamma``: overrides the stored mode), its nets in
+    the stored dtype; ``sampler_args``: the step, temperature and schedule."""
+    try:
+        # seed=None: no random draws, the weights come from the file. The schema bounds
+        # every size, so building allocates little.
+        args = NNSGHMCArgs.from_header(header["architecture"], header["constants"])
+        if gamma is not None:
+            args = dataclasses.replace(args, gamma=gamma)
+        sampler = NNSGHMC(seed=None, **sampler_args, **args.as_kwargs())
+    except ValueError as err:
+        raise SamplerFileError(f"{path} holds an invalid sampler description: {err}") from None
+    net_dtype = DTYPES[NET_DTYPES[header["architecture"]["dtype"]]][0]
+    sampler.f_q.to(dtype=net_dtype)
+    sampler.f_d.to(dtype=net_dtype)
     return sampler
 
 

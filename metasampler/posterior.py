@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -26,9 +26,6 @@ from torch import Tensor
 from . import diagnostics
 from .bayesian import BayesianModel
 
-if TYPE_CHECKING:
-    from .sampling import SampleResult
-
 __all__ = ["ConvergenceWarning", "Summary", "summary", "to_inference_data"]
 
 #: The classic rule of thumb (Gelman et al., Bayesian Data Analysis, 3rd ed., §11.4). The
@@ -36,6 +33,16 @@ __all__ = ["ConvergenceWarning", "Summary", "summary", "to_inference_data"]
 #: example), which exceeds Vehtari et al.'s (2021) stricter 1.01 by chance alone in runs of a
 #: few hundred draws; pass ``rhat_threshold=1.01`` for final results.
 RHAT_THRESHOLD = 1.1
+
+
+class SampleResult(Protocol):
+    """What this module reads of a run: a :class:`metasampler.SampleResult` (named here
+    without importing :mod:`metasampler.sampling`, which imports this module)."""
+
+    theta: Tensor  # (S, K, D) kept samples
+    energy: Tensor  # (S, K) their (minibatch) energies
+    steps: Tensor  # (S,) the step of each kept sample
+    target: Any
 
 
 class ConvergenceWarning(UserWarning):

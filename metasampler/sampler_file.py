@@ -37,16 +37,21 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import Field, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from .nnsghmc_args import ARCHITECTURE, CONSTANTS, arg_fields
+
 __all__ = [
     "CHECKSUM_FULL",
     "CHECKSUM_TENSORS",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "HEADER_KEY",
     "MAX_CONSTANT",
     "MAX_FILE_BYTES",
     "MAX_JSON_BYTES",
@@ -54,6 +59,8 @@ __all__ = [
     "MAX_NESTING",
     "MAX_TENSOR_ELEMENTS",
     "MAX_WIDTH",
+    "READABLE_VERSIONS",
+    "STATISTICS",
     "SamplerFile",
     "SamplerFileError",
     "SamplerFileWarning",
@@ -66,6 +73,11 @@ __all__ = [
 ]
 
 FORMAT = "metasampler.nnsghmc"
+#: The format version written.
+FORMAT_VERSION = 2
+#: Format versions read (1: header not covered by the checksum).
+READABLE_VERSIONS = (1, 2)
+#: The safetensors metadata key holding the JSON header.
 HEADER_KEY = "metasampler"
 CHECKSUM_TENSORS = "sha256"  # format version 1: tensors only
 CHECKSUM_FULL = "sha256-header+tensors"  # format version 2: everything the file says
@@ -424,55 +436,52 @@ def _any_json(value: Any) -> str | None:
 
 
 _POSITIVE = _real(0.0, MAX_CONSTANT, low_open=True)
-_NON_NEGATIVE = _real(0.0, MAX_CONSTANT)
-_SCHEMA_V1: dict[str, Any] = {
-    "format": _choice(FORMAT),
-    "format_version": lambda v: None if _is_int(v, 1) else "an integer",
-    "architecture": {
-        "q_hidden": _widths,
-        "d_hidden": _widths,
-        "activation": _choice("tanh", "relu", "sigmoid", "softplus"),
-        "d_output": _choice("softplus", "abs"),
-        "dtype": _choice(*NET_DTYPES),
-    },
-    "constants": {
-        "beta_off": _real(-MAX_CONSTANT, MAX_CONSTANT),
-        "alpha": _NON_NEGATIVE,
-        "c": _NON_NEGATIVE,
-        "q_clamp": _POSITIVE,
-        "d_output_scale": _NON_NEGATIVE,
-        "energy_input_scale": _POSITIVE,
-        "grad_input_scale": _POSITIVE,
-        "gamma": _choice("exact", "finite_difference", "none"),
-        "momentum_init": _choice("normal", "zeros"),
-        "detach_inputs": _bool,
-    },
-    "training": {
-        "eta": _optional(_real(0.0, 1e3, low_open=True)),
-        "lr": _optional(_real(0.0, 1e6, low_open=True)),
-        "temperature": _real(0.0, 1e6),
-    },
-    "statistics": {
-        "energy_loc": _real(-MAX_STATISTIC, MAX_STATISTIC),
-        "energy_std": _real(0.0, MAX_STATISTIC, low_open=True),
-        "momentum_std": _real(0.0, MAX_STATISTIC, low_open=True),
-        "grad_std": _real(0.0, MAX_STATISTIC, low_open=True),
-    },
-    "train_dim": lambda v: None if _is_int(v, 0, MAX_TRAIN_DIM) else "an integer >= 0",
-    "checksum": {"algorithm": _choice(CHECKSUM_TENSORS), "value": _hex64},
-    "provenance": _any_json,
+#: The file's check for each kind of NNSGHMC argument (``metasampler.nnsghmc_args``).
+_ARG_CHECKS: dict[str, Check] = {
+    "widths": _widths,
+    "finite": _real(-MAX_CONSTANT, MAX_CONSTANT),
+    "non_negative": _real(0.0, MAX_CONSTANT),
+    "positive": _POSITIVE,
+    "positive_or_none": _optional(_POSITIVE),
+    "bool": _bool,
 }
-_SCHEMA_V2: dict[str, Any] = {
-    **_SCHEMA_V1,
-    "constants": {
-        **_SCHEMA_V1["constants"],
-        "d_clamp": _optional(_POSITIVE),
-        "grad_input": _choice("standardised", "per_datum"),
-        "friction_units": _choice("absolute", "per_step"),
-    },
-    "checksum": {"algorithm": _choice(CHECKSUM_FULL, CHECKSUM_TENSORS), "value": _hex64},
-}
-SCHEMAS = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
+
+
+def _arg_check(f: Field) -> Check:
+    check = f.metadata["check"]
+    return _choice(*(m.value for m in check)) if isinstance(check, type) else _ARG_CHECKS[check]
+
+
+def _schema(version: int) -> dict[str, Any]:
+    """The header schema of format ``version``: the NNSGHMC arguments it holds, then the
+    step, statistics, checksum and provenance."""
+    checksums = (CHECKSUM_TENSORS,) if version == 1 else (CHECKSUM_FULL, CHECKSUM_TENSORS)
+    return {
+        "format": _choice(FORMAT),
+        "format_version": lambda v: None if _is_int(v, 1) else "an integer",
+        ARCHITECTURE: {
+            **{f.name: _arg_check(f) for f in arg_fields(ARCHITECTURE, version)},
+            "dtype": _choice(*NET_DTYPES),
+        },
+        CONSTANTS: {f.name: _arg_check(f) for f in arg_fields(CONSTANTS, version)},
+        "training": {
+            "eta": _optional(_real(0.0, 1e3, low_open=True)),
+            "lr": _optional(_real(0.0, 1e6, low_open=True)),
+            "temperature": _real(0.0, 1e6),
+        },
+        "statistics": {
+            "energy_loc": _real(-MAX_STATISTIC, MAX_STATISTIC),
+            "energy_std": _real(0.0, MAX_STATISTIC, low_open=True),
+            "momentum_std": _real(0.0, MAX_STATISTIC, low_open=True),
+            "grad_std": _real(0.0, MAX_STATISTIC, low_open=True),
+        },
+        "train_dim": lambda v: None if _is_int(v, 0, MAX_TRAIN_DIM) else "an integer >= 0",
+        "checksum": {"algorithm": _choice(*checksums), "value": _hex64},
+        "provenance": _any_json,
+    }
+
+
+SCHEMAS = {version: _schema(version) for version in READABLE_VERSIONS}
 
 
 def check_header(header: dict, fail: Callable[[str], Any]) -> None:

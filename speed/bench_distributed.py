@@ -42,8 +42,9 @@ from torch import nn
 from experiments.run_config import load_config
 from metasampler import distributed
 from metasampler.bayesian import BayesianModel
+from metasampler.config import TrainConfig
 from metasampler.learned import NNSGHMC
-from metasampler.meta.trainer import MetaTrainer, TrainSettings
+from metasampler.meta.trainer import MetaTrainer
 from metasampler.sampling import sample
 from tasks.registry import Problem, ProblemFamily
 
@@ -80,7 +81,7 @@ def mlp_sampler() -> NNSGHMC:
 
 # (label, problem, sampler, settings for meta-training, chains and steps for sampling)
 def workloads(quick: bool) -> dict[str, dict]:
-    toy_train = TrainSettings(
+    toy_train = TrainConfig(
         epochs=1 if quick else 2,
         sub_epochs=1,
         steps_per_sub_epoch=100,
@@ -94,7 +95,7 @@ def workloads(quick: bool) -> dict[str, dict]:
         eval_every=0,
         checkpoint_every=1000,
     )
-    mlp_train = TrainSettings(
+    mlp_train = TrainConfig(
         epochs=1,
         sub_epochs=1,
         steps_per_sub_epoch=20 if quick else 40,
@@ -131,13 +132,13 @@ def time_training(work: dict, repeats: int) -> tuple[float, int, int]:
     problem = work["problem"]()
     windows = s.epochs * s.sub_epochs * -(-s.steps_per_sub_epoch // s.unroll)
 
-    def run(settings: TrainSettings) -> None:
+    def run(settings: TrainConfig) -> None:
         trainer = MetaTrainer(
             work["sampler"](), lambda e, g: problem, settings, seed=0, progress=False
         )
         trainer.train()
 
-    run(TrainSettings(**{**s.__dict__, "epochs": 1, "steps_per_sub_epoch": s.unroll}))  # warm-up
+    run(TrainConfig(**{**s.__dict__, "epochs": 1, "steps_per_sub_epoch": s.unroll}))  # warm-up
     best = float("inf")
     for _ in range(repeats):
         distributed.barrier()
@@ -217,7 +218,7 @@ def measure_processes(world: int, quick: bool, repeats: int) -> dict[str, tuple]
         return torch.load(path, weights_only=False)
 
 
-def slices(s: TrainSettings) -> int:
+def slices(s: TrainConfig) -> int:
     """Cross-chain loss times per window (the window's first position carries no gradient)."""
     return len([t for t in range(1, s.unroll) if t % s.cross_chain_every == 0])
 

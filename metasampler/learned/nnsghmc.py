@@ -56,20 +56,33 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..integrators import gaussian_like
+from ..nnsghmc_args import (
+    CONSTANTS,
+    FRICTION_UNITS,
+    GAMMA_MODES,
+    GRAD_INPUTS,
+    NNSGHMCArgs,
+    arg_fields,
+    describe_args,
+)
+from ..sampler_write import write_sampler
 from ..samplers.base import Sampler, SamplerState, check_finite
 from ..samplers.sghmc import init_momentum
+from ..sampling import make_generator, sample
 from ..schedules import Schedule
 from ..stepsize import resolve_eta
 from ..targets import Evaluation, Target
-from . import fast
 from .equations import StepConfig, nnsghmc_coefficients
+from .fast import StepArgs
+from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
 
 __all__ = [
@@ -79,10 +92,6 @@ __all__ = [
     "GRAD_INPUTS",
     "FRICTION_UNITS",
 ]
-
-GAMMA_MODES = ("exact", "finite_difference", "none")
-GRAD_INPUTS = ("standardised", "per_datum")
-FRICTION_UNITS = ("absolute", "per_step")
 
 
 class _UnitTarget:
@@ -105,47 +114,28 @@ class DriftTerms:
 class NNSGHMC(nn.Module, Sampler):
     """The learnable SG-MCMC sampler. Same protocol as every baseline: ``init`` / ``step``.
 
-    Args:
-        eta / lr: step (``lr`` converts as ``eta = sqrt(lr / N)``); evaluation may use a
-            different step from training.
-        q_hidden, d_hidden: hidden widths of ``f_phiQ`` and ``f_phiD`` (paper toy: 40; MNIST: 10).
-        activation: hidden activation of both nets.
-        d_output: ``"softplus"`` or ``"abs"``: keeps ``f_phiD >= 0``.
-        beta_off: offset added to ``f_phiQ`` (``Q_f = beta_off + clamp(f_phiQ)``). Paper toy: 0.
-        alpha: weight of ``Q_f^2`` in ``D_f`` (paper MNIST: ``0.01 / eta``). Default 0. It is a
-            number, stored in the exported file: a sampler loaded with another step keeps the
-            training ``alpha``. The paper instead re-derives ``alpha = 0.01 / eta`` for each test
-            step (004 F.2). To follow it, set ``sampler.alpha = 0.01 / eta`` after loading.
-        c: constant added to ``D_f``. Default 0.
-        q_clamp: ``f_phiQ`` is clamped to ``[-q_clamp, q_clamp]`` (paper: 5).
-        d_output_scale: ``s_D`` multiplying ``f_phiD`` (paper MNIST: 50).
-        energy_input_scale: ``s_U`` on the per-datum energy input.
-        grad_input_scale: ``s_g`` on the gradient input (paper MNIST: 70, per datum).
-        gamma: ``"exact"``, ``"finite_difference"`` or ``"none"`` (diagnostic only).
-        detach_inputs: feed the nets stop-gradient inputs during meta-training (default); with
-            ``False`` the meta-gradient also flows through ``U``, ``p`` and ``grad U`` (second
-            order: the target is evaluated with ``create_graph=True``).
-        temperature, schedule: as for every sampler.
-        momentum_init: ``"normal"`` (``N(0, T I)``) or ``"zeros"``.
-        seed: seeds the nets' initial weights.
-        d_clamp: upper clamp of ``D_f`` (paper toy: 5); ``None``: none. Gamma uses the clamped
-            ``D_f``'s derivative, so the sampler stays exact.
-        grad_input: ``"standardised"`` (``s_g * grad Ũ / sigma_g``) or ``"per_datum"``
-            (``s_g * grad Ũ / N``, the paper's, e.g. ``s_g = 70`` on MNIST).
-        friction_units: ``"absolute"`` (``D_f`` as written) or ``"per_step"`` (``alpha``, ``s_D``
-            and ``c`` give the friction per step: ``D_f`` is divided by the step in use; the
-            paper's MNIST ``alpha = 0.01 / eta`` is ``alpha = 0.01`` here).
-        compile: how sampling steps (under ``torch.no_grad()``) run. ``None`` (default): the
-            same step function compiled by ``torch.compile`` (one fused loop over the
-            coordinates) where the machine allows it (CPU: a C++ compiler; CUDA: triton),
-            compiled in a background thread while correct eager steps run, then used;
-            otherwise the eager step, with a one-line notice. ``True``: compile now and wait
-            (first step pays the compile: seconds with a warm cache, up to a minute cold).
-            ``False``: always eager. Not part of the exported sampler; settable on a loaded
-            one through the ``use_compile`` attribute. Meta-training steps (grad enabled)
-            run the same function eagerly with autograd; ``step_path`` (attribute: "auto",
-            "plain", "blocks", "recompute", "compiled") forces one way of running the step
-            (:mod:`metasampler.learned.fast`), for tests and benchmarks.
+        Args:
+            eta / lr: step (``lr`` converts as ``eta = sqrt(lr / N)``); evaluation may use a
+                different step from training.
+            temperature, schedule: as for every sampler.
+            seed: seeds the nets' initial weights.
+            compile: how sampling steps (under ``torch.no_grad()``) run. ``None`` (default): the
+                same step function compiled by ``torch.compile`` (one fused loop over the
+                coordinates) where the machine allows it (CPU: a C++ compiler; CUDA: triton),
+                compiled in a background thread while correct eager steps run, then used;
+                otherwise the eager step, with a one-line notice. ``True``: compile now and wait
+                (first step pays the compile: seconds with a warm cache, up to a minute cold).
+                ``False``: always eager. Not part of the exported sampler; settable on a loaded
+                one through the ``use_compile`` attribute. Meta-training steps (grad enabled)
+                run the same function eagerly with autograd; ``step_path`` (attribute: "auto",
+                "plain", "blocks", "recompute", "compiled") forces one way of running the step
+                (:mod:`metasampler.learned.fast`), for tests and benchmarks.
+            **arguments: the architecture and constants, the fields of
+                :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
+                attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).
+
+        Architecture and constants (:class:`~metasampler.nnsghmc_args.NNSGHMCArgs`):
+    {arguments}
     """
 
     order = "second"
@@ -153,85 +143,31 @@ class NNSGHMC(nn.Module, Sampler):
     def __init__(
         self,
         *,
-        eta: float | None = None,
-        lr: float | None = None,
-        q_hidden: Sequence[int] = (40,),
-        d_hidden: Sequence[int] = (40,),
-        activation: str = "tanh",
-        d_output: str = "softplus",
-        beta_off: float = 0.0,
-        alpha: float = 0.0,
-        c: float = 0.0,
-        q_clamp: float = 5.0,
-        d_output_scale: float = 1.0,
-        energy_input_scale: float = 1.0,
-        grad_input_scale: float = 1.0,
-        gamma: str = "exact",
-        detach_inputs: bool = True,
-        temperature: float = 1.0,
-        schedule: Schedule | None = None,
-        momentum_init: str = "normal",
         seed: int | None = 0,
         compile: bool | None = None,
-        d_clamp: float | None = None,
-        grad_input: str = "standardised",
-        friction_units: str = "absolute",
+        eta: float | None = None,
+        lr: float | None = None,
+        temperature: float = 1.0,
+        schedule: Schedule | None = None,
+        **arguments: Any,
     ) -> None:
         nn.Module.__init__(self)
         Sampler.__init__(self, eta=eta, lr=lr, temperature=temperature, schedule=schedule)
-        for name, value in (("alpha", alpha), ("c", c), ("d_output_scale", d_output_scale)):
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        for name, value in (
-            ("q_clamp", q_clamp),
-            ("energy_input_scale", energy_input_scale),
-            ("grad_input_scale", grad_input_scale),
-        ):
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        if not math.isfinite(beta_off):
-            raise ValueError(f"beta_off must be finite, got {beta_off!r}")
-        if d_clamp is not None and not (d_clamp > 0 and math.isfinite(d_clamp)):
-            raise ValueError(f"d_clamp must be a finite number > 0 or None, got {d_clamp!r}")
-        if grad_input not in GRAD_INPUTS:
-            raise ValueError(f"grad_input must be one of {GRAD_INPUTS}, got {grad_input!r}")
-        if friction_units not in FRICTION_UNITS:
-            raise ValueError(
-                f"friction_units must be one of {FRICTION_UNITS}, got {friction_units!r}"
-            )
-        if gamma not in GAMMA_MODES:
-            raise ValueError(f"gamma must be one of {GAMMA_MODES}, got {gamma!r}")
-        if d_output not in ("softplus", "abs"):
-            raise ValueError(
-                f"d_output must be 'softplus' or 'abs' (f_phiD >= 0), got {d_output!r}"
-            )
-        if momentum_init not in ("normal", "zeros"):
-            raise ValueError(f"momentum_init must be 'normal' or 'zeros', got {momentum_init!r}")
-        if gamma == "none":
+        args = NNSGHMCArgs(**arguments)
+        if args.gamma == "none":
             warnings.warn(
                 "NNSGHMC(gamma='none') drops the Gamma correction: the chain no longer targets "
                 "the posterior. Use it only as a diagnostic.",
                 stacklevel=2,
             )
-        self.f_q = CoordinateMLP(2, q_hidden, activation, "identity")
-        self.f_d = CoordinateMLP(3, d_hidden, activation, d_output)
+        self.f_q = CoordinateMLP(2, args.q_hidden, args.activation, "identity")
+        self.f_d = CoordinateMLP(3, args.d_hidden, args.activation, args.d_output)
         if seed is not None:
             generator = torch.Generator().manual_seed(int(seed))
             self.f_q.reset_parameters(generator)
             self.f_d.reset_parameters(generator)
-        self.beta_off = float(beta_off)
-        self.alpha = float(alpha)
-        self.c = float(c)
-        self.q_clamp = float(q_clamp)
-        self.d_output_scale = float(d_output_scale)
-        self.energy_input_scale = float(energy_input_scale)
-        self.grad_input_scale = float(grad_input_scale)
-        self.d_clamp = None if d_clamp is None else float(d_clamp)
-        self.grad_input = grad_input
-        self.friction_units = friction_units
-        self.gamma = gamma
-        self.detach_inputs = bool(detach_inputs)
-        self.momentum_init = momentum_init
+        for f in arg_fields(CONSTANTS):
+            setattr(self, f.name, getattr(args, f.name))
         # Not `self.compile`: that would shadow nn.Module.compile.
         self.use_compile = compile
         self.step_path = "auto"  # see `fast.PATHS`
@@ -242,6 +178,27 @@ class NNSGHMC(nn.Module, Sampler):
         self.register_buffer("grad_std", torch.tensor(1.0, dtype=torch.float64))
         # Dimension of the meta-training target (0: unknown, then r = D_train / D_test = 1).
         self.register_buffer("train_dim", torch.tensor(0, dtype=torch.int64))
+
+    def arguments(self) -> NNSGHMCArgs:
+        """The sampler's architecture and current constants (what its file stores).
+
+        Raises:
+            ValueError: the nets use different activations (the constructor takes one), or
+                a constant was set to an invalid value.
+        """
+        if self.f_q.activation != self.f_d.activation:
+            raise ValueError(
+                "cannot export an NNSGHMC whose nets use different activations "
+                f"(f_q: {self.f_q.activation}, f_d: {self.f_d.activation}); the constructor "
+                "takes one activation for both"
+            )
+        return NNSGHMCArgs(
+            q_hidden=tuple(self.f_q.hidden),
+            d_hidden=tuple(self.f_d.hidden),
+            activation=self.f_q.activation,
+            d_output=self.f_d.output,
+            **{f.name: getattr(self, f.name) for f in arg_fields(CONSTANTS)},
+        )
 
     # -- net inputs ----------------------------------------------------------------------------
     def _energy_input(self, ev: Evaluation, target: Target) -> tuple[Tensor, Tensor | None]:
@@ -350,11 +307,11 @@ class NNSGHMC(nn.Module, Sampler):
         if gamma == "finite_difference" and "q_tilde" in extras:
             cache = (extras["u"], extras["q_tilde"], extras["p_hat"], extras["dq_dph"])
         noise = gaussian_like(p, generator) if temperature > 0 else None
-        args = fast.StepArgs(
+        args = StepArgs(
             state.theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype),
             self._scalars(target, eta, temperature), self._config(gamma, self.detach_inputs),
         )  # fmt: skip
-        new_theta, new_p, check, new_cache = fast.run(args, self)
+        new_theta, new_p, check, new_cache = run_step(args, self)
         if not bool(torch.isfinite(check)):
             # Name the chain and quantity (recomputed only in this rare case).
             q, d, _, _ = nnsghmc_coefficients(
@@ -384,8 +341,6 @@ class NNSGHMC(nn.Module, Sampler):
         ``energy_std``) to the statistics of ``p``, ``grad Ũ`` and the per-datum energy seen over
         the run (004 appendix E). Returns them.
         """
-        from ..sampling import make_generator, sample  # local: sampling imports samplers
-
         self.energy_loc.fill_(0.0)
         for buffer in (self.energy_std, self.momentum_std, self.grad_std):
             buffer.fill_(1.0)
@@ -401,18 +356,8 @@ class NNSGHMC(nn.Module, Sampler):
             sums["g"].append(grad.double().pow(2).mean())
             sums["u"].append(state.energy.double() / target.n_data)
 
-        sample(
-            self,
-            target,
-            n_chains,
-            n_steps,
-            init=init,
-            seed=seed,
-            progress=False,
-            callback=record,
-            store=False,
-            device=device,
-        )
+        run = {"init": init, "seed": seed, "callback": record, "device": device}
+        sample(self, target, n_chains, n_steps, progress=False, store=False, **run)
         p_std = float(torch.stack(sums["p"]).mean().sqrt())
         g_std = float(torch.stack(sums["g"]).mean().sqrt())
         self.momentum_std.fill_(max(p_std, 1e-8))
@@ -427,9 +372,10 @@ class NNSGHMC(nn.Module, Sampler):
 
     def save(self, path: str, provenance: dict | None = None) -> None:
         """Export the (trained) sampler to a safetensors file; see :mod:`metasampler.export`."""
-        from ..export import save_sampler  # local: export imports this module
-
-        save_sampler(self, path, provenance=provenance)
+        if provenance is not None and not isinstance(provenance, Mapping):
+            raise TypeError(f"provenance must be a dict or None, got {type(provenance).__name__}")
+        training = {"eta": self.eta, "lr": self.lr, "temperature": self.temperature}
+        write_sampler(path, self.arguments(), training, self.state_dict(), dict(provenance or {}))
 
     def extra_repr(self) -> str:
         step = f"eta={self.eta}" if self.eta is not None else f"lr={self.lr}"
@@ -441,3 +387,6 @@ class NNSGHMC(nn.Module, Sampler):
         )
 
     __repr__ = nn.Module.__repr__
+
+
+NNSGHMC.__doc__ = NNSGHMC.__doc__.replace("{arguments}", describe_args())

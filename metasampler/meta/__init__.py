@@ -5,8 +5,10 @@
 * :mod:`.replay` — FIFO replay pool of chain states (appendix F.3.1).
 * :mod:`.schedule` — the truncation schedule (segment, BPTT window, accumulation, steps per
   loss, continuing chains, in-chain pool span); :mod:`.unroll` — one window of chain steps;
-  :mod:`.outer` — meta-gradients and the optimiser step; :mod:`.checkpoint` — exact resume;
-  :mod:`.trainer` — the loop that puts them together.
+  :mod:`.outer` — meta-gradients and the optimiser step; :mod:`.update` — the meta-loss path
+  (one process or chains sharded across ranks, :mod:`.sharded`); :mod:`.checkpoint` — exact
+  resume; :mod:`.report` — logging; :mod:`.divergence` — stopping on non-finite values;
+  :mod:`.trainer` — the loop that wires them; :mod:`.build` — a run's parts from its config.
 """
 
 from .losses import (

@@ -34,7 +34,7 @@ score; the zero estimator scores 1): with the paper settings (factor 0.5, ridge 
 n = 200 gives 0.68 (D = 2) and 0.78 (D = 10); n = 50 gives 1.0 and 0.8. The estimate is
 noisy, but the ELBO gradient averages it: the surrogate gradient of a Gaussian ``q``
 (n = 200 per estimate, D = 2–5) is within 1–5% of the closed form
-(tests/test_meta_losses.py). A smoother
+(tests/meta/test_meta_losses.py). A smoother
 kernel (factor 2, ridge 0.2) lowers the error to 0.27–0.30 at n = 200. With ``n << D`` the
 estimate shrinks towards 0 (D = 100, n = 20: regression slope on the true score 0.1), so
 the entropy term is under-weighted in high dimension.

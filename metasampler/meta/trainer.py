@@ -33,72 +33,50 @@ nothing of this runs.
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 from tqdm.auto import tqdm
 
 from .. import distributed
 from ..config import ConfigError, TrainConfig
-from ..distributed import PeerFailureError
 from ..learned.nnsghmc import NNSGHMC
 from ..samplers.base import SamplerState
 from ..sampling import make_generator
 from ..targets import NonFiniteError
 from .checkpoint import CheckpointMixin, History, save_checkpoint
-from .losses import InChainCollector, combined_loss, cross_chain_loss
-from .outer import (
-    GradientAccumulator,
-    Grads,
-    MetaOptimizer,
-    add_grads,
-    scale_grads,
-    sum_across_ranks,
-)
+from .divergence import NonFiniteLoss, TrainingDivergedError, abort_on_peer_failure, diverged
+from .losses import InChainCollector
+from .outer import GradientAccumulator, MetaOptimizer
 from .replay import ReplayPool
+from .report import TrainingReport
 from .schedule import TruncationSchedule
-from .sharded import ShardedInChainCollector, gather_slices, sharded_cross_chain_loss
-from .unroll import WindowSamples, unroll_window
+from .sharded import ShardedInChainCollector
+from .unroll import unroll_window
+from .update import MetaUpdate
 
 __all__ = [
     "MetaTrainer",
-    "TrainSettings",
     "TrainingDivergedError",
     "save_checkpoint",
-    "settings_from_config",
 ]
-
-
-class TrainingDivergedError(RuntimeError):
-    """Meta-training produced a non-finite loss, gradient or chain state."""
-
-
-# The loop settings are the config schema's ``train`` section (one definition of the fields).
-TrainSettings = TrainConfig
-
-
-def settings_from_config(cfg: Any) -> TrainSettings:
-    """A :class:`TrainSettings` from an OmegaConf ``train`` node (or a plain mapping)."""
-    values = {k: cfg[k] for k in TrainSettings.__dataclass_fields__ if k in cfg}
-    if "adam_betas" in values:
-        values["adam_betas"] = [float(b) for b in values["adam_betas"]]
-    return TrainSettings(**values)
 
 
 class MetaTrainer(CheckpointMixin):
     """Trains an :class:`NNSGHMC` on problems drawn from ``problems(epoch, generator)``.
 
+    The parts: :func:`.unroll.unroll_window` runs the chains, :class:`.update.MetaUpdate`
+    turns windows into optimiser steps, :class:`.checkpoint.CheckpointMixin` saves and
+    resumes, :class:`.report.TrainingReport` logs; this class wires them along the schedule.
+
     Args:
         sampler: the sampler to train (its ``eta``/``lr`` is the training step).
         problems: ``(epoch, generator) -> Problem`` (see ``tasks.registry``): a target and
             ``init(n_chains, generator)`` for fresh chains.
-        settings: loop settings.
+        settings: loop settings (the config's ``train`` section).
         run_dir: where checkpoints go (``None``: no checkpoints).
         seed: seeds the run's single generator (chains, noise, minibatches, replay). Under
             torchrun each rank also gets its own stream for its chains, derived from ``seed``.
@@ -106,13 +84,14 @@ class MetaTrainer(CheckpointMixin):
         evaluate: optional ``(sampler, epoch) -> dict[str, float]`` run every ``eval_every``
             epochs (under ``no_grad``).
         progress: show a progress bar.
+        extra_checkpoint: more entries for the checkpoint (checked to match on resume).
     """
 
     def __init__(
         self,
         sampler: NNSGHMC,
         problems: Callable[[int, torch.Generator], Any],
-        settings: TrainSettings,
+        settings: TrainConfig,
         *,
         run_dir: str | Path | None = None,
         seed: int = 0,
@@ -125,7 +104,7 @@ class MetaTrainer(CheckpointMixin):
         self.problems = problems
         self.settings = settings
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.logger = logger
+        self.report = TrainingReport(logger)
         self.evaluate = evaluate
         self.progress = progress
         self.extra_checkpoint = extra_checkpoint or {}
@@ -154,10 +133,10 @@ class MetaTrainer(CheckpointMixin):
         self.outer = MetaOptimizer(
             sampler.parameters(), settings.optimizer_lr, settings.adam_betas, settings.grad_clip
         )
+        self.update = MetaUpdate(self.outer, settings, self.schedule, self.shard)
         self.pool = ReplayPool(capacity, settings.replay_prob)
         self.history = History()
         self.epoch = 0  # epochs completed
-        self._terms: dict[str, list[float]] = {"cross_chain": [], "in_chain": []}
 
     # -- training ---------------------------------------------------------------------------
     def train(self) -> History:
@@ -175,9 +154,12 @@ class MetaTrainer(CheckpointMixin):
                 state = None
                 for sub in range(s.sub_epochs):
                     if self.schedule.fresh_chains(sub):
-                        with self._abort_on_peer_failure(), distributed.failure_guard("starting"):
+                        with abort_on_peer_failure(), distributed.failure_guard("starting"):
                             state = self._initial_state(problem)
-                    state = self._segment(problem, state, epoch, sub, bar, losses)
+                    try:
+                        state = self._segment(problem, state, epoch, sub, bar, losses)
+                    except NonFiniteLoss as err:
+                        raise self._diverged(str(err), epoch, sub) from None
                 self.epoch = epoch
                 self.history.seconds += time.perf_counter() - started
                 self._end_epoch(epoch, losses)
@@ -186,13 +168,7 @@ class MetaTrainer(CheckpointMixin):
     def _end_epoch(self, epoch: int, losses: list[float]) -> None:
         """Log the epoch, evaluate and checkpoint when due."""
         s = self.settings
-        mean_loss = sum(losses) / max(len(losses), 1)
-        self.history.loss.append(mean_loss)
-        self._log("loss/total", mean_loss, epoch)
-        for name, values in self._terms.items():
-            if values:
-                self._log(f"loss/{name}", sum(values) / len(values), epoch)
-        self._terms = {"cross_chain": [], "in_chain": []}
+        self.history.loss.append(self.report.epoch_losses(epoch, losses, self.update.take_terms()))
         if (
             self.evaluate is not None
             and distributed.is_main_process()  # (its chains are not sharded)
@@ -202,8 +178,7 @@ class MetaTrainer(CheckpointMixin):
             with torch.no_grad():
                 metrics = self.evaluate(self.sampler, epoch)
             self.history.evals.append({"epoch": epoch, **metrics})
-            for key, value in metrics.items():
-                self._log(f"eval/{key}", value, epoch)
+            self.report.evaluation(metrics, epoch)
         # Chains restart at every epoch, so an epoch-boundary checkpoint holds all the state.
         if epoch % s.checkpoint_every == 0 or epoch == s.epochs:
             self.save()
@@ -241,215 +216,52 @@ class MetaTrainer(CheckpointMixin):
         losses: list[float],
     ) -> SamplerState:
         """One sub-epoch: unroll the segment window by window and update as scheduled."""
-        s, schedule = self.settings, self.schedule
-        target = problem.target
+        schedule = self.schedule
         collector = self._collector()
-        stein = {"bandwidth_factor": s.stein_bandwidth_factor, "ridge": s.stein_ridge}
         start = state.step
-        accumulated = GradientAccumulator(self.outer)  # (used when schedule.accumulate)
+        accumulating = schedule.accumulate and self.world == 1
+        accumulated = GradientAccumulator(self.outer) if accumulating else None
         keep_graph = collector is not None and schedule.pool_spans_segment
         for length in schedule.windows():
             # (Under torchrun an error on one rank stops every rank at the end of the unroll.)
-            with (
-                self._abort_on_peer_failure(),
-                distributed.failure_guard("unrolling the chains"),
-            ):
+            with abort_on_peer_failure(), distributed.failure_guard("unrolling the chains"):
                 try:
                     state, window = unroll_window(
                         self.sampler,
                         state,
-                        target,
+                        problem.target,
                         self.chain_generator,
                         length=length,
                         segment_start=start,
-                        cross_chain_every=s.cross_chain_every,
+                        cross_chain_every=self.settings.cross_chain_every,
                         collector=collector,
                         pool_detached=schedule.pool_spans_segment,
                     )
                 except NonFiniteError as err:
                     what = f"a chain diverged ({err}){self._on_rank()}"
                     raise self._diverged(what, epoch, sub) from None
-            pooled = collector is not None and collector.n_samples >= 2
-            if self.world > 1:
-                value = self._sharded_update(window, collector, stein, epoch, sub)
-                if value is not None:
-                    losses.append(value)
-            else:
-                n = len(window.positions)
-                cross = cross_chain_loss(window.positions, window.grads, **stein) if n else None
-                in_chain = collector.loss(**stein) if pooled and schedule.clear_pool else None
-                if not schedule.accumulate and (cross is not None or in_chain is not None):
-                    terms = {"cross_chain": cross, "in_chain": in_chain}
-                    losses.append(self._update(terms, epoch, sub))
-                elif schedule.accumulate:
-                    # The segment's cross-chain loss is the mean over all its slices: sum each
-                    # window's slice surrogates now (freeing its graph unless the in-chain
-                    # pool still needs it); the accumulator divides by the count at the end.
-                    if cross is not None:
-                        retain = keep_graph or in_chain is not None
-                        accumulated.add("cross_chain", cross * n, n, retain_graph=retain)
-                    if in_chain is not None:
-                        accumulated.add("in_chain", in_chain, 1)
+            value = self.update.window(window, collector, accumulated, keep_graph)
+            if value is not None:
+                losses.append(value)
             if collector is not None and schedule.clear_pool:
                 collector.clear()
             state = state.detach()
             bar.update(1)
             if losses:
                 bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3g}")
-        if schedule.accumulate and self.world == 1:
-            if keep_graph and collector.n_samples >= 2:
-                accumulated.add("in_chain", collector.loss(**stein), 1)
-            if accumulated.sums:
-                losses.append(self._apply(*accumulated.means(), epoch, sub))
+        if accumulated is not None:
+            value = self.update.end_segment(accumulated, collector, keep_graph)
+            if value is not None:
+                losses.append(value)
         if collector is not None:
             collector.clear()
         self.pool.add(state.theta, state.momentum)
-        if self.logger is not None and sub == self.settings.sub_epochs - 1:
-            self._log_chain_summaries(state, target, epoch)
+        if sub == self.settings.sub_epochs - 1:
+            self.report.chain_summaries(self.sampler, state, problem.target, epoch)
         return state
-
-    @torch.no_grad()
-    def _log_chain_summaries(self, state: SamplerState, target: Any, epoch: int) -> None:
-        """Energy of the chains and the learned Q_f / D_f at the final states."""
-        self._log("train/energy_mean", float(state.energy.mean()), epoch)
-        terms = self.sampler.drift_terms(state.theta, state.momentum, target)
-        for name, values in (("Q_f", terms.q), ("D_f", terms.d)):
-            self._log(f"nets/{name}_mean", float(values.mean()), epoch)
-            self._log(f"nets/{name}_std", float(values.std()), epoch)
-            if hasattr(self.logger, "histogram"):
-                self.logger.histogram(f"nets/{name}", values, epoch)
-
-    def _update(self, terms: dict[str, Tensor | None], epoch: int, sub: int) -> float:
-        """Gradients of the given loss terms at the current parameters, then the step(s)."""
-        s = self.settings
-        present = {k: t for k, t in terms.items() if t is not None}
-        values = {k: float(t.detach()) for k, t in present.items()}
-        if self.schedule.step_per_loss:
-            names = list(present)
-            grads = {
-                k: self.outer.gradients(present[k], retain_graph=k != names[-1]) for k in names
-            }
-        else:
-            weights = (s.cross_chain_weight, s.in_chain_weight)
-            loss = combined_loss(terms["cross_chain"], terms["in_chain"], weights)
-            values = {"total": float(loss.detach()), **values}
-            grads = {"total": self.outer.gradients(loss)}
-        return self._apply(grads, values, epoch, sub)
-
-    def _apply(
-        self, grads: dict[str, Grads | None], values: dict[str, float | None], epoch: int, sub: int
-    ) -> float:
-        """Log the loss values and take the optimiser step(s) on ``grads``; returns the total.
-
-        ``grads`` holds one entry per loss (``cross_chain``, ``in_chain``) or one ``total``
-        (already weighted). Per-loss entries are weighted here and applied as one combined
-        step, or as one step each (cross-chain first) when the schedule says so.
-        """
-        s = self.settings
-        weights = {"cross_chain": s.cross_chain_weight, "in_chain": s.in_chain_weight}
-        for name in ("cross_chain", "in_chain"):
-            if values.get(name) is not None:
-                self._terms[name].append(values[name])
-        total = values.get("total")
-        if total is None:
-            total = sum(weights[k] * v for k, v in values.items() if v is not None)
-        if not math.isfinite(total):
-            raise self._diverged(f"non-finite meta-loss {total}", epoch, sub)
-        steps: list[Grads] = []
-        if "total" in grads:
-            steps = [grads["total"]]
-        else:
-            weighted = [scale_grads(g, weights[k]) for k, g in grads.items() if g is not None]
-            if self.schedule.step_per_loss:
-                steps = weighted
-            else:
-                combined = None
-                for g in weighted:
-                    combined = add_grads(combined, g)
-                steps = [combined]
-        for g in steps:
-            if not self.outer.step(g):
-                raise self._diverged("non-finite meta-gradient", epoch, sub)
-        return total
-
-    # -- sharded chains (torchrun) ------------------------------------------------------------
-    def _sharded_update(
-        self,
-        window: WindowSamples,
-        collector: ShardedInChainCollector | None,
-        stein: dict[str, float],
-        epoch: int,
-        sub: int,
-    ) -> float | None:
-        """One window's loss and Adam step with the chains sharded across ranks.
-
-        Collectives first (gathering positions), then the local loss and backward pass in a
-        failure guard, then one all-reduce of the gradients with the loss values. Every
-        decision (whether a term exists, whether values are finite) is taken on data that is
-        identical on all ranks, so the ranks never disagree on which collective comes next.
-        The meta-gradient: each rank's loss is its share of the global surrogate and its
-        backward pass reaches only its own chains, so the global gradient is the SUM of the
-        ranks' gradients (an average would need every share scaled by W).
-        """
-        s = self.settings
-        positions, grads = window.positions, window.grads
-        everyone = gather_slices(positions, self.shard) if positions else None
-        pool = None
-        if collector is not None and collector.n_samples >= 2:
-            pool = collector.gather()
-        if everyone is None and pool is None:
-            return None
-        with (
-            self._abort_on_peer_failure(),
-            distributed.failure_guard("computing the meta-gradient"),
-        ):
-            cross = in_chain = None
-            if everyone is not None:
-                cross = sharded_cross_chain_loss(positions, grads, everyone, self.shard, **stein)
-            if pool is not None:
-                in_chain = collector.sharded_loss(pool, **stein)
-            loss = combined_loss(cross, in_chain, (s.cross_chain_weight, s.in_chain_weight))
-            local = self.outer.gradients(loss)
-        params = self.outer.params
-        summed, totals, bad_ranks = sum_across_ranks(
-            params, local, [loss, cross, in_chain], self.world, self.shard.rank
-        )
-        total, cross_value, in_value = totals
-        values = {
-            "total": total,
-            "cross_chain": cross_value if cross is not None else None,
-            "in_chain": in_value if in_chain is not None else None,
-        }
-        if not math.isfinite(total):
-            where = f" (from rank {', '.join(map(str, bad_ranks))})" if bad_ranks else ""
-            raise self._diverged(f"non-finite meta-loss {total}{where}", epoch, sub)
-        return self._apply({"total": summed}, values, epoch, sub)
-
-    @contextmanager
-    def _abort_on_peer_failure(self) -> Iterator[None]:
-        """Another rank diverged: stop with :class:`TrainingDivergedError` here too."""
-        try:
-            yield
-        except PeerFailureError as err:
-            if err.kind in ("TrainingDivergedError", "NonFiniteError"):
-                raise TrainingDivergedError(f"rank {err.rank}: {err.detail}") from None
-            raise
 
     def _on_rank(self) -> str:
         return f" on rank {self.shard.rank}" if self.world > 1 else ""
 
     def _diverged(self, what: str, epoch: int, sub: int) -> TrainingDivergedError:
-        where = self.checkpoint_path
-        kept = (
-            f"the last good checkpoint ({self.epoch} epochs) is kept at {where}"
-            if where is not None and where.is_file()
-            else "no checkpoint had been written yet"
-        )
-        return TrainingDivergedError(
-            f"meta-training stopped in epoch {epoch}, sub-epoch {sub + 1}: {what}; {kept}. "
-            "Lower sampler.eta or train.optimizer_lr, or raise train.grad_clip's strictness."
-        )
-
-    def _log(self, tag: str, value: float, step: int) -> None:
-        if self.logger is not None:
-            self.logger.scalar(tag, value, step)
+        return diverged(what, epoch, sub, self.epoch, self.checkpoint_path)

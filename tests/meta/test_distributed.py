@@ -44,6 +44,7 @@ from metasampler.benchmark import (
     run_method,
     synthetic_classification_problem,
 )
+from metasampler.config import TrainConfig
 from metasampler.distributed import (
     all_gather_rows,
     chain_shard,
@@ -54,12 +55,12 @@ from metasampler.distributed import (
 )
 from metasampler.learned import NNSGHMC
 from metasampler.meta.losses import InChainCollector, combined_loss, cross_chain_loss
-from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError, TrainSettings
+from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError
 from metasampler.samplers import SGHMC, SGLD
 from metasampler.sampling import make_generator, sample
 from tasks.registry import Problem, ProblemFamily
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
 SEED = 11
 STEIN = {"bandwidth_factor": 0.5, "ridge": 0.04}
@@ -73,7 +74,7 @@ def toy_family() -> ProblemFamily:
     return ProblemFamily(cfg.task)
 
 
-def one_window(n_chains: int, **overrides) -> TrainSettings:
+def one_window(n_chains: int, **overrides) -> TrainConfig:
     """One epoch of one 8-step window: cross-chain every 2 steps, in-chain from step 3."""
     base = dict(
         epochs=1,
@@ -91,7 +92,7 @@ def one_window(n_chains: int, **overrides) -> TrainSettings:
         checkpoint_every=1,
     )
     base.update(overrides)
-    return TrainSettings(**base)
+    return TrainConfig(**base)
 
 
 def new_sampler() -> NNSGHMC:
@@ -210,21 +211,21 @@ def _scenarios(rank: int, tmp: Path) -> dict:
     record("exception", lambda: diverging("raise"))
 
     def nan_loss():
-        from metasampler.meta import trainer as trainer_module
+        from metasampler.meta import update as update_module
 
-        real = trainer_module.sharded_cross_chain_loss
+        real = update_module.sharded_cross_chain_loss
 
         def poisoned(*args, **kwargs):
             value = real(*args, **kwargs)
             return value * float("nan") if rank == 1 else value
 
-        trainer_module.sharded_cross_chain_loss = poisoned
+        update_module.sharded_cross_chain_loss = poisoned
         try:
             MetaTrainer(
                 new_sampler(), toy_family(), one_window(6), seed=SEED, progress=False
             ).train()
         finally:
-            trainer_module.sharded_cross_chain_loss = real
+            update_module.sharded_cross_chain_loss = real
 
     record("nan_loss", nan_loss)
     record(

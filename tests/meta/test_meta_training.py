@@ -11,17 +11,17 @@ import torch
 
 import metasampler as ms
 from experiments.run_config import load_config
-from metasampler.config import ConfigError
+from metasampler.config import ConfigError, TrainConfig
 from metasampler.learned import NNSGHMC
-from metasampler.meta import trainer as trainer_module
-from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError, TrainSettings
+from metasampler.meta import update as update_module
+from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError
 from tasks.registry import ProblemFamily
 from tasks.toy import gaussian
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def small_settings(**overrides) -> TrainSettings:
+def small_settings(**overrides) -> TrainConfig:
     base = dict(
         epochs=4,
         sub_epochs=2,
@@ -39,7 +39,7 @@ def small_settings(**overrides) -> TrainSettings:
         optimizer_lr=2e-3,
     )
     base.update(overrides)
-    return TrainSettings(**base)
+    return TrainConfig(**base)
 
 
 def toy_family(dim: int = 4) -> ProblemFamily:
@@ -87,7 +87,7 @@ def test_meta_gradient_matches_finite_differences_of_the_surrogate():
     assert numeric.abs().max() > 1e-4  # the parameters do move the chains
 
 
-def train(tmp_path: Path | None, settings: TrainSettings, seed: int = 0) -> MetaTrainer:
+def train(tmp_path: Path | None, settings: TrainConfig, seed: int = 0) -> MetaTrainer:
     sampler = NNSGHMC(eta=0.02, q_hidden=(8,), d_hidden=(8,), seed=seed)
     trainer = MetaTrainer(
         sampler, toy_family(), settings, run_dir=tmp_path, seed=seed, progress=False
@@ -119,14 +119,14 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
 
 def test_nan_loss_stops_training_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     calls = {"n": 0}
-    real = trainer_module.cross_chain_loss
+    real = update_module.cross_chain_loss
 
     def poisoned(*args, **kwargs):
         calls["n"] += 1
         value = real(*args, **kwargs)
         return value * float("nan") if calls["n"] > 9 else value  # 2 windows x 2 sub-epochs
 
-    monkeypatch.setattr(trainer_module, "cross_chain_loss", poisoned)
+    monkeypatch.setattr(update_module, "cross_chain_loss", poisoned)
     run_dir = tmp_path / "run"
     with pytest.raises(TrainingDivergedError, match="non-finite meta-loss.*kept at"):
         train(run_dir, small_settings(checkpoint_every=1))
@@ -201,7 +201,7 @@ def test_config_rejects_unknown_keys_and_bad_values_naming_them():
 
 
 def test_config_passes_the_new_sampler_constants_to_the_sampler():
-    from metasampler.meta.setup import build_sampler
+    from metasampler.meta.build import build_sampler
 
     overrides = [
         "sampler.d_clamp=5",

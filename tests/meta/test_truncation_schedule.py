@@ -8,13 +8,13 @@ import torch
 from test_meta_training import small_settings
 
 from experiments.run_config import load_config
-from metasampler.config import ConfigError
+from metasampler.config import ConfigError, TrainConfig
 from metasampler.learned import NNSGHMC
 from metasampler.meta import trainer as trainer_module
 from metasampler.meta.losses import InChainCollector
 from metasampler.meta.schedule import TruncationSchedule
 from metasampler.meta.stein import stein_score
-from metasampler.meta.trainer import MetaTrainer, TrainSettings
+from metasampler.meta.trainer import MetaTrainer
 from metasampler.meta.unroll import unroll_window
 from metasampler.sampling import make_generator
 from tasks.registry import ProblemFamily
@@ -22,7 +22,7 @@ from tasks.registry import ProblemFamily
 PAPER = dict(accumulate=True, step_per_loss=True, continue_chains=True, in_chain_span="segment")
 
 
-def settings(**overrides) -> TrainSettings:
+def settings(**overrides) -> TrainConfig:
     """``small_settings`` resized so a segment spans several windows and in-chain samples."""
     resized = dict(
         epochs=2,

@@ -1,0 +1,298 @@
+"""NNSGHMC's arguments, described once: name, type, default, meaning and valid values.
+
+:class:`NNSGHMCArgs` lists the keyword arguments that describe an NNSGHMC sampler — its
+architecture (the nets) and its constants. Everything else reads this one description:
+
+* the :class:`~metasampler.learned.NNSGHMC` constructor takes them as keywords (validated
+  and documented from here);
+* the config schema ``SamplerConfig`` (:mod:`metasampler.config`) has one field per argument
+  marked ``config`` (with the step and ``calibrate_steps`` added);
+* ``metasampler.meta.build.build_sampler`` builds a sampler from that config;
+* a sampler file's header (:mod:`metasampler.sampler_write` writes it, :mod:`metasampler.export`
+  rebuilds the sampler from it) holds the ``architecture`` and ``constants`` sections, in
+  this order, and :mod:`metasampler.sampler_file` checks them with the same valid values
+  (``since``: the format version that added the argument; older files take the default).
+
+This module imports nothing of the package, so each of those can import it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields
+from enum import Enum
+from functools import partial
+from typing import Any
+
+__all__ = [
+    "Activation",
+    "ARCHITECTURE",
+    "CONSTANTS",
+    "DOutput",
+    "FRICTION_UNITS",
+    "FrictionUnits",
+    "GAMMA_MODES",
+    "GRAD_INPUTS",
+    "GammaMode",
+    "GradInput",
+    "MomentumInit",
+    "NNSGHMCArgs",
+    "arg_fields",
+    "config_fields",
+    "describe_args",
+]
+
+
+def _choices(name: str, doc: str, *values: str) -> type[Enum]:
+    """A ``str`` :class:`Enum` whose members are named by their values."""
+    choices = Enum(name, [(v, v) for v in values], type=str, module=__name__)
+    choices.__doc__ = doc
+    return choices
+
+
+GammaMode = _choices(
+    "GammaMode",
+    "How the Gamma correction's derivatives are obtained (``none``: a diagnostic only).",
+    "exact",
+    "finite_difference",
+    "none",
+)
+GradInput = _choices(
+    "GradInput",
+    "Gradient input of ``f_phiD``: ``s_g * grad / sigma_g`` or the paper's ``s_g * grad / N``.",
+    "standardised",
+    "per_datum",
+)
+FrictionUnits = _choices(
+    "FrictionUnits",
+    "``D_f`` as written (absolute) or divided by the step in use (per-step friction).",
+    "absolute",
+    "per_step",
+)
+Activation = _choices(
+    "Activation",
+    "Hidden activation of the nets (``metasampler.learned.nets.ACTIVATIONS``).",
+    "tanh",
+    "relu",
+    "sigmoid",
+    "softplus",
+)
+DOutput = _choices(
+    "DOutput", "Output transform of ``f_phiD`` (both keep it >= 0).", "softplus", "abs"
+)
+MomentumInit = _choices(
+    "MomentumInit", "Initial momentum: ``N(0, T I)`` or zeros.", "normal", "zeros"
+)
+
+GAMMA_MODES = tuple(m.value for m in GammaMode)
+GRAD_INPUTS = tuple(m.value for m in GradInput)
+FRICTION_UNITS = tuple(m.value for m in FrictionUnits)
+
+#: Header sections: ``architecture`` (the nets) and ``constants``.
+ARCHITECTURE = "architecture"
+CONSTANTS = "constants"
+
+
+def _arg(
+    default: Any,
+    doc: str,
+    *,
+    check: str | type[Enum],
+    section: str = CONSTANTS,
+    since: int = 1,
+    config: bool = True,
+) -> Any:
+    """One argument: ``check`` names its valid values (``"widths"``, ``"finite"``,
+    ``"non_negative"``, ``"positive"``, ``"positive_or_none"``, ``"bool"``) or is the
+    :class:`Enum` of its choices."""
+    metadata = {"doc": doc, "check": check, "section": section, "since": since, "config": config}
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class NNSGHMCArgs:
+    """The arguments that describe an NNSGHMC sampler (architecture and constants).
+
+    Values are checked and normalised (choices to plain strings, numbers to ``float``) on
+    construction; a bad value raises :class:`ValueError` naming the argument.
+    """
+
+    q_hidden: tuple[int, ...] = _arg(
+        (40,), "hidden widths of ``f_phiQ`` (paper toy: 40; MNIST: 10).",
+        check="widths", section=ARCHITECTURE,
+    )  # fmt: skip
+    d_hidden: tuple[int, ...] = _arg(
+        (40,), "hidden widths of ``f_phiD``.", check="widths", section=ARCHITECTURE
+    )
+    activation: str = _arg(
+        "tanh", "hidden activation of both nets.", check=Activation, section=ARCHITECTURE
+    )
+    d_output: str = _arg("softplus", "keeps ``f_phiD >= 0``.", check=DOutput, section=ARCHITECTURE)
+    beta_off: float = _arg(
+        0.0, "offset added to ``f_phiQ`` (``Q_f = beta_off + clamp(f_phiQ)``). Paper toy: 0.",
+        check="finite",
+    )  # fmt: skip
+    alpha: float = _arg(
+        0.0,
+        "weight of ``Q_f^2`` in ``D_f`` (paper MNIST: ``0.01 / eta``). It is a number, "
+        "stored in the exported file: a sampler loaded with another step keeps the training "
+        "``alpha``. The paper instead re-derives ``alpha = 0.01 / eta`` for each test step "
+        "(004 F.2). To follow it, set ``sampler.alpha = 0.01 / eta`` after loading.",
+        check="non_negative",
+    )
+    c: float = _arg(0.0, "constant added to ``D_f``.", check="non_negative")
+    q_clamp: float = _arg(
+        5.0, "``f_phiQ`` is clamped to ``[-q_clamp, q_clamp]`` (paper: 5).", check="positive"
+    )
+    d_output_scale: float = _arg(
+        1.0, "``s_D`` multiplying ``f_phiD`` (paper MNIST: 50).", check="non_negative"
+    )
+    energy_input_scale: float = _arg(
+        1.0, "``s_U`` on the per-datum energy input.", check="positive"
+    )
+    grad_input_scale: float = _arg(
+        1.0, "``s_g`` on the gradient input (paper MNIST: 70, per datum).", check="positive"
+    )
+    gamma: str = _arg(
+        "exact",
+        "``exact`` (the nets' forward-mode chain rule), ``finite_difference`` (004 appendix B) "
+        "or ``none`` (drops Gamma: a diagnostic only, the chain no longer targets the "
+        "posterior).",
+        check=GammaMode,
+    )
+    momentum_init: str = _arg(
+        "normal", "``normal`` (``N(0, T I)``) or ``zeros``.", check=MomentumInit, config=False
+    )
+    detach_inputs: bool = _arg(
+        True,
+        "feed the nets stop-gradient inputs during meta-training; with ``False`` the "
+        "meta-gradient also flows through ``U``, ``p`` and ``grad U`` (second order: the "
+        "target is evaluated with ``create_graph=True``).",
+        check="bool",
+    )
+    d_clamp: float | None = _arg(
+        None,
+        "upper clamp of ``D_f`` (paper toy: 5); ``None``: none. Gamma uses the clamped "
+        "``D_f``'s derivative, so the sampler stays exact.",
+        check="positive_or_none",
+        since=2,
+    )
+    grad_input: str = _arg(
+        "standardised",
+        "``standardised`` (``s_g * grad Ũ / sigma_g``) or ``per_datum`` (``s_g * grad Ũ / N``, "
+        "the paper's, e.g. ``s_g = 70`` on MNIST).",
+        check=GradInput,
+        since=2,
+    )
+    friction_units: str = _arg(
+        "absolute",
+        "``absolute`` (``D_f`` as written) or ``per_step`` (``alpha``, ``s_D`` and ``c`` give "
+        "the friction per step: ``D_f`` is divided by the step in use; the paper's MNIST "
+        "``alpha = 0.01 / eta`` is ``alpha = 0.01`` here).",
+        check=FrictionUnits,
+        since=2,
+    )
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _checked(f, getattr(self, f.name)))
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The arguments as constructor keywords."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def header_section(self, section: str) -> dict[str, Any]:
+        """The values of one header section (``ARCHITECTURE`` or ``CONSTANTS``), as JSON, in
+        field order."""
+        return {f.name: _json_value(getattr(self, f.name)) for f in arg_fields(section)}
+
+    @classmethod
+    def from_header(cls, architecture: Mapping[str, Any], constants: Mapping[str, Any]):
+        """The arguments a file's header holds; arguments its format version lacks take
+        their defaults."""
+        given = {**architecture, **constants}
+        return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
+
+    @classmethod
+    def from_config(cls, cfg: Any):
+        """The arguments a ``SamplerConfig`` (or a mapping with its keys) holds."""
+        return cls(**{f.name: cfg[f.name] for f in arg_fields() if f.metadata["config"]})
+
+
+def arg_fields(section: str | None = None, version: int | None = None) -> tuple[Field, ...]:
+    """The argument fields, in order: all, or those of one header ``section`` that files of
+    format ``version`` hold."""
+    return tuple(
+        f
+        for f in fields(NNSGHMCArgs)
+        if (section is None or f.metadata["section"] == section)
+        and (version is None or f.metadata["since"] <= version)
+    )
+
+
+def config_fields() -> list[tuple[str, Any, Any]]:
+    """``(name, type, field)`` for each argument marked ``config``, as
+    :func:`dataclasses.make_dataclass` takes them for an OmegaConf structured config: choices
+    as their :class:`Enum`, widths as ``list[int]``."""
+    result = []
+    for f in arg_fields():
+        if not f.metadata["config"]:
+            continue
+        check = f.metadata["check"]
+        if isinstance(check, type):
+            result.append((f.name, check, field(default=check(f.default))))
+        elif check == "widths":
+            result.append((f.name, list[int], field(default_factory=partial(list, f.default))))
+        else:
+            kind = {"bool": bool, "positive_or_none": float | None}.get(check, float)
+            result.append((f.name, kind, field(default=f.default)))
+    return result
+
+
+def describe_args() -> str:
+    """An ``Args:`` docstring block describing every argument (for the constructor)."""
+    lines = []
+    for f in arg_fields():
+        check = f.metadata["check"]
+        choices = f" One of {[m.value for m in check]}." if isinstance(check, type) else ""
+        default = f.default if f.default is not MISSING else None
+        lines.append(f"    {f.name}: {f.metadata['doc']}{choices} Default: ``{default!r}``.")
+    return "\n".join(lines)
+
+
+def _json_value(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _checked(f: Field, value: Any) -> Any:
+    """``value`` checked against ``f``'s valid values and normalised."""
+    name, check = f.name, f.metadata["check"]
+    if isinstance(check, type):
+        value = getattr(value, "value", value)
+        choices = tuple(m.value for m in check)
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        return value
+    if check == "widths":
+        widths = list(value) if isinstance(value, Sequence) and not isinstance(value, str) else []
+        if not widths or any(int(h) != h or h < 1 for h in widths):
+            raise ValueError(f"{name} must be a non-empty list of positive ints, got {value!r}")
+        return tuple(int(h) for h in widths)
+    if check == "bool":
+        return bool(value)
+    if check == "positive_or_none":
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
+        return None if value is None else float(value)
+    ok = {
+        "finite": lambda v: math.isfinite(v),
+        "non_negative": lambda v: v >= 0 and math.isfinite(v),
+        "positive": lambda v: v > 0 and math.isfinite(v),
+    }[check]
+    if not ok(value):
+        what = {"finite": "finite", "non_negative": "a finite number >= 0"}.get(
+            check, "a finite number > 0"
+        )
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return float(value)

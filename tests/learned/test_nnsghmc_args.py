@@ -1,0 +1,93 @@
+"""NNSGHMC's arguments are described once (metasampler/nnsghmc_args.py): the constructor, the
+config schema, the config builder and the sampler-file header all follow that description."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from metasampler.config import SamplerConfig, load_config
+from metasampler.learned import NNSGHMC, NNSGHMCArgs
+from metasampler.learned.nets import ACTIVATIONS
+from metasampler.meta.build import build_sampler
+from metasampler.nnsghmc_args import ARCHITECTURE, CONSTANTS, Activation, arg_fields
+from metasampler.sampler_file import SCHEMAS
+from metasampler.sampler_write import build_header
+
+NON_DEFAULT = dict(
+    q_hidden=(4, 3), d_hidden=(5,), activation="relu", d_output="abs", beta_off=-0.5,
+    alpha=0.1, c=0.2, q_clamp=3.0, d_output_scale=2.0, energy_input_scale=1.5,
+    grad_input_scale=70.0, gamma="finite_difference", momentum_init="zeros",
+    detach_inputs=False, d_clamp=5.0, grad_input="per_datum", friction_units="per_step",
+)  # fmt: skip
+
+
+def test_non_default_values_cover_every_argument():
+    assert set(NON_DEFAULT) == {f.name for f in arg_fields()}
+    defaults = NNSGHMCArgs()
+    assert all(getattr(defaults, name) != value for name, value in NON_DEFAULT.items())
+
+
+def test_the_constructor_takes_every_argument_and_reports_it_back():
+    sampler = NNSGHMC(eta=0.01, seed=0, **NON_DEFAULT)
+    assert sampler.arguments() == NNSGHMCArgs(**NON_DEFAULT)
+    for f in arg_fields(CONSTANTS):
+        assert getattr(sampler, f.name) == NON_DEFAULT[f.name]
+    assert NNSGHMC(eta=0.01).arguments() == NNSGHMCArgs()
+
+
+@pytest.mark.parametrize(
+    "name, bad",
+    [("alpha", -1.0), ("q_clamp", 0.0), ("beta_off", float("inf")), ("d_clamp", -2.0),
+     ("gamma", "exactly"), ("d_output", "identity"), ("momentum_init", "ones"),
+     ("q_hidden", ()), ("activation", "gelu")],
+)  # fmt: skip
+def test_invalid_values_are_refused_naming_the_argument(name, bad):
+    with pytest.raises(ValueError, match=name):
+        NNSGHMC(eta=0.01, **{name: bad})
+    with pytest.raises(ValueError, match=name):
+        NNSGHMCArgs(**{name: bad})
+
+
+def test_the_config_schema_has_the_config_arguments_with_their_defaults():
+    names = [f.name for f in dataclasses.fields(SamplerConfig)]
+    config_args = [f.name for f in arg_fields() if f.metadata["config"]]
+    assert names == ["eta", "lr", *config_args, "calibrate_steps"]
+    assert "momentum_init" not in names  # (not a config key)
+    assert NNSGHMCArgs.from_config(load_config(None, []).sampler) == NNSGHMCArgs()
+
+
+def test_build_sampler_passes_every_config_argument():
+    overrides = [
+        f"sampler.{k}={list(v) if isinstance(v, tuple) else v}"
+        for k, v in NON_DEFAULT.items()
+        if k != "momentum_init"
+    ]
+    sampler = build_sampler(load_config(None, overrides).sampler)
+    assert sampler.arguments() == NNSGHMCArgs(**{**NON_DEFAULT, "momentum_init": "normal"})
+
+
+def test_the_header_sections_and_the_file_schema_follow_the_description():
+    sampler = NNSGHMC(eta=0.01, seed=0, **NON_DEFAULT)
+    training = {"eta": 0.01, "lr": None, "temperature": 1.0}
+    header = build_header(sampler.arguments(), training, sampler.state_dict(), {})
+    for section in (ARCHITECTURE, CONSTANTS):
+        names = [f.name for f in arg_fields(section)]
+        assert [k for k in header[section] if k != "dtype"] == names
+        assert [k for k in SCHEMAS[2][section] if k != "dtype"] == names
+        assert NNSGHMCArgs.from_header(header[ARCHITECTURE], header[CONSTANTS]) == (
+            sampler.arguments()
+        )
+    # Version 1 files lack the arguments added by version 2; those take their defaults.
+    v1 = [f.name for f in arg_fields(CONSTANTS, 1)]
+    assert list(SCHEMAS[1][CONSTANTS]) == v1
+    old = {k: v for k, v in header[CONSTANTS].items() if k in v1}
+    rebuilt = NNSGHMCArgs.from_header(header[ARCHITECTURE], old)
+    assert (rebuilt.d_clamp, rebuilt.grad_input, rebuilt.friction_units) == (
+        None, "standardised", "absolute",
+    )  # fmt: skip
+
+
+def test_the_activation_choices_are_those_the_nets_implement():
+    assert tuple(m.value for m in Activation) == ACTIVATIONS
