@@ -54,10 +54,11 @@ constants and protocol.
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -390,3 +391,23 @@ class NNSGHMC(nn.Module, Sampler):
 
 
 NNSGHMC.__doc__ = NNSGHMC.__doc__.replace("{arguments}", describe_args())
+
+
+def _signature() -> inspect.Signature:
+    """The constructor's full keyword list (its own keywords, then every
+    :class:`NNSGHMCArgs` field), so ``help`` and ``inspect.signature`` show each argument."""
+    own = [
+        p
+        for p in inspect.signature(NNSGHMC.__init__).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    described = [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
+        )
+        for f in fields(NNSGHMCArgs)
+    ]
+    return inspect.Signature([*own, *described], return_annotation=None)
+
+
+NNSGHMC.__signature__ = _signature()

@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from metasampler.config import SamplerConfig, load_config
+from experiments.run_config import load_config
+from metasampler.config import SamplerConfig
 from metasampler.learned import NNSGHMC, NNSGHMCArgs
 from metasampler.learned.nets import ACTIVATIONS
 from metasampler.meta.build import build_sampler
