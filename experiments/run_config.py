@@ -76,6 +76,11 @@ class TaskConfig:
     dim: int = 10  # gaussian / random_gaussians
     mean: float = 3.0
     cov: str = "correlated"  # gaussian: identity | diagonal | correlated
+    # Eigenvalue range and spacing (log | uniform) of the covariance of gaussian,
+    # random_gaussians and paper_train_gaussian (null: the kind's default). The smallest
+    # eigenvalue sets how stiff a direction training shows the sampler at its step.
+    eig_range: list[float] | None = None
+    eig_spacing: str | None = None
     seed: int = 0  # seeds the random covariance / data split
     grad_noise_std: float = 1.0  # toy targets: injected gradient noise sigma
     # Gaussian targets: the energy fed to a learned sampler's nets includes the constant
@@ -250,6 +255,8 @@ def _validate(cfg: DictConfig) -> None:
     for key in ("task.cov", "eval.task.cov"):
         if get(key) not in _COVARIANCES:
             raise ConfigError(f"{key} must be one of {', '.join(_COVARIANCES)}, got {get(key)!r}")
+    for section in ("task", "eval.task"):
+        _check_spectrum(section, get(f"{section}.eig_range"), get(f"{section}.eig_spacing"))
     if cfg.train.eval_every > 0:
         # Checked here, not at the first evaluation (which would stop a training run).
         outside = [t for t in cfg.eval.kl_at if not 1 <= t <= cfg.eval.n_steps]
@@ -259,6 +266,21 @@ def _validate(cfg: DictConfig) -> None:
                 f"got {list(cfg.eval.kl_at)} (outside: {outside})"
             )
     check_run_placement(cfg)
+
+
+def _check_spectrum(section: str, eig_range: Any, spacing: Any) -> None:
+    """``eig_range``: null or ``[low, high]`` with ``0 < low <= high``; ``eig_spacing``: null,
+    ``log`` or ``uniform``."""
+    if eig_range is not None:
+        values = list(eig_range)
+        if not (len(values) == 2 and all(math.isfinite(v) for v in values)) or not (
+            0 < values[0] <= values[1]
+        ):
+            raise ConfigError(
+                f"{section}.eig_range must be [low, high] with 0 < low <= high, got {values!r}"
+            )
+    if spacing not in (None, "log", "uniform"):
+        raise ConfigError(f"{section}.eig_spacing must be log, uniform or null, got {spacing!r}")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:

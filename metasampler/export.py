@@ -11,7 +11,7 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
 
     {
       "format": "metasampler.nnsghmc",
-      "format_version": 2,
+      "format_version": 3,
       "architecture": {"q_hidden": [40], "d_hidden": [40], "activation": "tanh",
                        "d_output": "softplus", "dtype": "float32"},
       "constants": {"beta_off": 0.0, "alpha": 0.0, "c": 0.0, "q_clamp": 5.0,
@@ -19,7 +19,7 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
                     "grad_input_scale": 1.0, "gamma": "exact",
                     "momentum_init": "normal", "detach_inputs": true,
                     "d_clamp": null, "grad_input": "standardised",
-                    "friction_units": "absolute"},
+                    "friction_units": "absolute", "energy_input": "per_datum"},
       "training": {"eta": 0.01, "lr": null, "temperature": 1.0},
       "statistics": {"energy_loc": 0.0, "energy_std": 1.0, "momentum_std": 1.3,
                      "grad_std": 2.1},
@@ -36,7 +36,8 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
   records the step the sampler was meta-trained with: :func:`load_sampler` uses it unless
   ``eta`` or ``lr`` is given. Version 1 files (written before ``d_clamp``, ``grad_input``
   and ``friction_units`` existed) still load, with those constants at their defaults
-  (``null``, ``"standardised"``, ``"absolute"``: the behaviour they were trained with).
+  (``null``, ``"standardised"``, ``"absolute"``: the behaviour they were trained with), and
+  version 1 and 2 files (written before ``energy_input``) with ``"per_datum"``.
   ``checksum`` (``"sha256-header+tensors"``) is a SHA-256 over the canonical JSON of the
   rest of the header and every tensor's name, dtype, shape and bytes, so any change to the
   file is detected. Version 1 files (and version 2 files written before this checksum) carry

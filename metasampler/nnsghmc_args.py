@@ -36,6 +36,7 @@ __all__ = [
     "GRAD_INPUTS",
     "GammaMode",
     "GradInput",
+    "EnergyInput",
     "MomentumInit",
     "NNSGHMCArgs",
     "arg_fields",
@@ -80,6 +81,12 @@ Activation = _choices(
 )
 DOutput = _choices(
     "DOutput", "Output transform of ``f_phiD`` (both keep it >= 0).", "softplus", "abs"
+)
+EnergyInput = _choices(
+    "EnergyInput",
+    "Energy input of the nets: per datum ``U / N`` or per datum and coordinate ``U / (N D)``.",
+    "per_datum",
+    "per_coordinate",
 )
 MomentumInit = _choices(
     "MomentumInit", "Initial momentum: ``N(0, T I)`` or zeros.", "normal", "zeros"
@@ -192,6 +199,15 @@ class NNSGHMCArgs:
         "``alpha = 0.01 / eta`` is ``alpha = 0.01`` here).",
         check=FrictionUnits,
         since=2,
+    )
+    energy_input: str = _arg(
+        "per_datum",
+        "``per_datum`` (``U / N``, 004 appendix E) or ``per_coordinate`` (``U / (N D)``: a "
+        "Gaussian's energy at equilibrium is about ``D / 2``, so this input has the same scale "
+        "on a 10-D training and a 20-D test target, and the nets behave at test as in "
+        "training).",
+        check=EnergyInput,
+        since=3,
     )
 
     def __post_init__(self) -> None:

@@ -28,14 +28,19 @@ def _uniform_init(dim: int, low: float, high: float, dtype: torch.dtype, device)
 
 
 def _gaussian_task(cfg: TaskConfig, seed: int) -> GaussianTask:
+    spectrum = {}
+    if cfg.eig_range is not None:
+        spectrum["eig_range"] = tuple(float(v) for v in cfg.eig_range)
+    if cfg.eig_spacing is not None:
+        spectrum["spacing"] = cfg.eig_spacing
     if cfg.kind == TaskKind.paper_train_gaussian:
-        return paper_train_gaussian(seed=seed)
+        return paper_train_gaussian(seed=seed, **spectrum)
     if cfg.kind == TaskKind.paper_test_gaussian:
         return paper_test_gaussian(seed=seed)
     cov = cfg.cov if cfg.kind == TaskKind.gaussian else "correlated"
     if cov not in ("identity", "diagonal", "correlated"):
         raise ValueError(f"task.cov must be identity, diagonal or correlated, got {cov!r}")
-    return gaussian(cfg.dim, mean=cfg.mean, cov=cov, seed=seed)
+    return gaussian(cfg.dim, mean=cfg.mean, cov=cov, seed=seed, **spectrum)
 
 
 def build_problem(

@@ -251,7 +251,7 @@ def test_header_contents(saved):
     sampler, path = saved
     header = read_header(path)
     assert header["format"] == FORMAT == "metasampler.nnsghmc"
-    assert header["format_version"] == FORMAT_VERSION == 2
+    assert header["format_version"] == FORMAT_VERSION == 3
     assert header["checksum"]["algorithm"] == CHECKSUM_FULL
     assert header["architecture"] == {
         "q_hidden": [8, 6],

@@ -166,7 +166,7 @@ INVALID_EDITS = [
     ("checksum", "value", "zz"),
     (None, "train_dim", -1),
     (None, "train_dim", 2**80),
-    (None, "format_version", 3),
+    (None, "format_version", 4),
     (None, "format_version", "2"),
     (None, "extra", {}),
     (None, "provenance", nested(5000)),

@@ -202,6 +202,12 @@ class NNSGHMC(nn.Module, Sampler):
         )
 
     # -- net inputs ----------------------------------------------------------------------------
+    def _energy_divisor(self, target: Target) -> float:
+        """What the energy is divided by before it enters the nets: ``N`` or ``N D``."""
+        if self.energy_input == "per_coordinate":
+            return float(target.n_data * target.dim)
+        return float(target.n_data)
+
     def _energy_input(self, ev: Evaluation, target: Target) -> tuple[Tensor, Tensor | None]:
         """Standardised energy input ``u`` ``(K, 1)``, and the prior gradient when the prior
         enters it (``r != 1``)."""
@@ -211,7 +217,7 @@ class NNSGHMC(nn.Module, Sampler):
         if prior_w != 0.0:  # (with r = 1 the prior terms are multiplied by 0: skip them)
             energy = energy - prior_w * ev.prior_energy
         scale = self.energy_input_scale / float(self.energy_std)
-        u = (energy / target.n_data - float(self.energy_loc)) * scale
+        u = (energy / self._energy_divisor(target) - float(self.energy_loc)) * scale
         return u.unsqueeze(-1), ev.prior_grad if prior_w != 0.0 else None
 
     def _scalars(self, target: Target, eta: float, temperature: float) -> dict[str, float]:
@@ -226,7 +232,8 @@ class NNSGHMC(nn.Module, Sampler):
             "temperature": temperature,
             "inv_sp": 1.0 / float(self.momentum_std),
             "g_scale": g_scale,
-            "du_scale": self.energy_input_scale / (float(self.energy_std) * target.n_data),
+            "du_scale": self.energy_input_scale
+            / (float(self.energy_std) * self._energy_divisor(target)),
             "prior_w": 1.0 - (train_dim / target.dim if train_dim > 0 else 1.0),
             "alpha": self.alpha,
             "c": self.c,
@@ -355,7 +362,7 @@ class NNSGHMC(nn.Module, Sampler):
             grad = target.evaluate(state.theta, grad_generator).grad
             sums["p"].append(state.momentum.double().pow(2).mean())
             sums["g"].append(grad.double().pow(2).mean())
-            sums["u"].append(state.energy.double() / target.n_data)
+            sums["u"].append(state.energy.double() / self._energy_divisor(target))
 
         run = {"init": init, "seed": seed, "callback": record, "device": device}
         sample(self, target, n_chains, n_steps, progress=False, store=False, **run)

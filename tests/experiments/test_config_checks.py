@@ -13,6 +13,7 @@ import torch
 from experiments.benchmark_config import load_benchmark_config
 from experiments.run_config import load_config
 from metasampler.config import ConfigError
+from tasks.registry import build_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADERS = [load_config, load_benchmark_config]
@@ -78,6 +79,24 @@ def test_out_dir_that_is_a_file_is_rejected(tmp_path, loader):
 def test_bogus_covariance_is_rejected(key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, [f"{key}=bogus"])
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["task.eig_range=[1.0,0.1]", "task.eig_range=[0.1]", "eval.task.eig_range=[0,1]",
+     "task.eig_spacing=bogus"],
+)  # fmt: skip
+def test_bogus_eigenvalue_spectrum_is_rejected(override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_eigenvalue_spectrum_reaches_the_training_gaussian():
+    cfg = load_config(None, ["task.eig_range=[0.003,1.0]", "task.eig_spacing=log"])
+    variances = build_problem(cfg.task).exact.cov.diagonal()
+    assert float(variances.min()) == pytest.approx(0.003)
+    assert float(variances.max()) == pytest.approx(1.0)
 
 
 # The CLI goes through load_config, tested case by case above; these check the wiring (an
