@@ -56,28 +56,21 @@ def gaussian_target(grad_noise_std: float = 0.0, n_data: int = 1) -> EnergyTarge
 
 
 def check_recovers_gaussian(
-    sampler: Sampler,
-    n_steps: int,
-    burn_in: int,
-    *,
-    n_chains: int = 200,
-    grad_noise_std: float = 0.0,
-    seed: int = 0,
-    kl_max: float = 0.01,
+    sampler: Sampler, n_steps: int, burn_in: int, grad_noise_std: float = 0.0
 ) -> None:
-    """Run from the origin (Mahalanobis distance ~3.6 from the mean) and check that
+    """Run 200 chains (seed 0) from the origin (Mahalanobis distance ~3.6 from the mean) and
+    check that
 
     * the Gaussian-fit KL of all samples so far falls over time (n/20, n/4, n steps);
-    * after burn-in, KL < ``kl_max``; every mean within 0.1 and within 5 ESS-based standard
+    * after burn-in, KL < 0.01; every mean within 0.1 and within 5 ESS-based standard
       errors (the samplers are linear here: the discrete chain's mean is exact; measured over
       6 seeds: means <= 0.035 off, the 0.1 cap is ~5 standard errors); every covariance entry
       within 0.1 in correlation units (measured <= 0.05 off).
     """
-    init = torch.zeros(n_chains, DIM, dtype=torch.float64)
-    target = gaussian_target(grad_noise_std)
-    result = run_chains(sampler, target, n_chains, n_steps, init=init, seed=seed)
-    assert result.theta.shape == (n_steps, n_chains, DIM)
-    check_stationary(result.theta, CASE, burn_in, kl_max=kl_max)
+    init = torch.zeros(200, DIM, dtype=torch.float64)
+    result = run_chains(sampler, gaussian_target(grad_noise_std), 200, n_steps, init=init, seed=0)
+    assert result.theta.shape == (n_steps, 200, DIM)
+    check_stationary(result.theta, CASE, burn_in, kl_max=0.01, mean_atol=0.1, cov_atol=0.1)
 
 
 # -- statistical correctness -----------------------------------------------------------------
@@ -112,9 +105,7 @@ def test_sghmc_noise_estimate_corrects_gradient_noise():
     # discrete-chain Lyapunov solution gives tr(P Sigma_eta) / D = 1.81 and KL = 0.435.
     eta, friction, sigma = 0.1, 1.0, 4.0
     b = eta * sigma**2 / 2
-    check_recovers_gaussian(
-        SGHMC(eta=eta, friction=friction, noise_estimate=b), 3000, 500, grad_noise_std=sigma
-    )
+    check_recovers_gaussian(SGHMC(eta=eta, friction=friction, noise_estimate=b), 3000, 500, sigma)
     init = torch.zeros(200, DIM, dtype=torch.float64)
     sampler = SGHMC(eta=eta, friction=friction)
     result = run_chains(sampler, gaussian_target(sigma), 200, 2000, init=init, burn_in=500, seed=1)
