@@ -27,6 +27,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from statistical import (
+    check_moments,
+    check_stationary,
+    correlated_gaussian,
+    moments,
+    must_fail,
+    run_chains,
+)
 
 from metasampler.integrators import gaussian_like
 from metasampler.samplers.base import Sampler
@@ -38,73 +46,31 @@ from metasampler.samplers.sgnht import SGNHT
 from metasampler.sampling import sample
 from metasampler.targets import EnergyTarget, Evaluation, NonFiniteError
 
-DIM = 4
-MEAN = torch.tensor([1.0, -1.0, 0.5, 2.0], dtype=torch.float64)
-_SCALES = torch.tensor([1.0, 0.7, 1.3, 0.8], dtype=torch.float64)
-_LAGS = (torch.arange(DIM)[:, None] - torch.arange(DIM)[None, :]).abs()
-# AR(1)-type correlation 0.6 with unequal scales: covariance eigenvalues 0.19 ... 2.44
-COV = _SCALES[:, None] * _SCALES[None, :] * 0.6**_LAGS
-PREC = torch.linalg.inv(COV)
+CASE = correlated_gaussian()
+DIM, MEAN = CASE.dim, CASE.mean
 
 
 def gaussian_target(grad_noise_std: float = 0.0, n_data: int = 1) -> EnergyTarget:
-    """``U = 0.5 (x - m)^T P (x - m)`` with its closed-form gradient."""
-
-    def energy(x: torch.Tensor) -> torch.Tensor:
-        d = x - MEAN.to(x)
-        return 0.5 * ((d @ PREC.to(x)) * d).sum(-1)
-
-    def grad(x: torch.Tensor) -> torch.Tensor:
-        return (x - MEAN.to(x)) @ PREC.to(x)
-
-    return EnergyTarget(energy, DIM, grad_noise_std=grad_noise_std, grad_fn=grad, n_data=n_data)
-
-
-def gaussian_fit_kl(x: torch.Tensor) -> float:
-    """KL(N(mean(x), cov(x)) || N(MEAN, COV)) for samples ``x`` of shape ``(n, D)``."""
-    m, s = x.mean(0), torch.cov(x.T)
-    d = MEAN - m
-    return 0.5 * float(
-        torch.trace(PREC @ s) + d @ PREC @ d - DIM + torch.logdet(COV) - torch.logdet(s)
-    )
+    """The correlated Gaussian's target, ``U = 0.5 (x - m)^T P (x - m)``."""
+    return CASE.target(grad_noise_std, n_data)
 
 
 def check_recovers_gaussian(
-    sampler: Sampler,
-    n_steps: int,
-    burn_in: int,
-    *,
-    n_chains: int = 200,
-    grad_noise_std: float = 0.0,
-    seed: int = 0,
-    kl_max: float = 0.01,
-) -> torch.Tensor:
-    """Run from the origin (Mahalanobis distance ~3.6 from the mean) and check that
+    sampler: Sampler, n_steps: int, burn_in: int, grad_noise_std: float = 0.0
+) -> None:
+    """Run 200 chains (seed 0) from the origin (Mahalanobis distance ~3.6 from the mean) and
+    check that
 
     * the Gaussian-fit KL of all samples so far falls over time (n/20, n/4, n steps);
-    * after burn-in, KL < ``kl_max``; every mean within 0.1 and every covariance entry within
-      0.1 in correlation units (measured over 6 seeds: means <= 0.035 off, i.e. the bound is
-      ~5 Monte Carlo standard errors; covariances <= 0.05 off).
+    * after burn-in, KL < 0.01; every mean within 0.1 and within 5 ESS-based standard
+      errors (the samplers are linear here: the discrete chain's mean is exact; measured over
+      6 seeds: means <= 0.035 off, the 0.1 cap is ~5 standard errors); every covariance entry
+      within 0.1 in correlation units (measured <= 0.05 off).
     """
-    init = torch.zeros(n_chains, DIM, dtype=torch.float64)
-    result = sample(
-        sampler, gaussian_target(grad_noise_std), n_chains, n_steps, init=init, seed=seed,
-        progress=False,
-    )  # fmt: skip
-    theta = result.theta
-    assert theta.shape == (n_steps, n_chains, DIM)
-    cumulative = [
-        gaussian_fit_kl(theta[:t].reshape(-1, DIM)) for t in (n_steps // 20, n_steps // 4, n_steps)
-    ]
-    assert cumulative[0] > cumulative[1] > cumulative[2], cumulative
-    kept = theta[burn_in:].reshape(-1, DIM)
-    kl = gaussian_fit_kl(kept)
-    assert kl < kl_max, kl
-    assert float((kept.mean(0) - MEAN).abs().max()) < 0.1, kept.mean(0)
-    sd = COV.diag().sqrt()
-    cov_err = (torch.cov(kept.T) - COV).abs() / (sd[:, None] * sd[None, :])
-    assert float(cov_err.max()) < 0.1, torch.cov(kept.T)
-    return kept
+    init = torch.zeros(200, DIM, dtype=torch.float64)
+    result = run_chains(sampler, gaussian_target(grad_noise_std), 200, n_steps, init=init, seed=0)
+    assert result.theta.shape == (n_steps, 200, DIM)
+    check_stationary(result.theta, CASE, burn_in, kl_max=0.01, mean_atol=0.1, cov_atol=0.1)
 
 
 # -- statistical correctness -----------------------------------------------------------------
@@ -139,19 +105,21 @@ def test_sghmc_noise_estimate_corrects_gradient_noise():
     # discrete-chain Lyapunov solution gives tr(P Sigma_eta) / D = 1.81 and KL = 0.435.
     eta, friction, sigma = 0.1, 1.0, 4.0
     b = eta * sigma**2 / 2
-    check_recovers_gaussian(
-        SGHMC(eta=eta, friction=friction, noise_estimate=b), 3000, 500, grad_noise_std=sigma
-    )
+    check_recovers_gaussian(SGHMC(eta=eta, friction=friction, noise_estimate=b), 3000, 500, sigma)
     init = torch.zeros(200, DIM, dtype=torch.float64)
-    result = sample(
-        SGHMC(eta=eta, friction=friction), gaussian_target(sigma), 200, 2000, init=init,
-        burn_in=500, seed=1, progress=False,
-    )  # fmt: skip
+    sampler = SGHMC(eta=eta, friction=friction)
+    result = run_chains(sampler, gaussian_target(sigma), 200, 2000, init=init, burn_in=500, seed=1)
     kept = result.theta.reshape(-1, DIM)
-    dispersion = float(torch.trace(PREC @ torch.cov(kept.T))) / DIM
+    dispersion = float(torch.trace(CASE.prec @ torch.cov(kept.T))) / DIM
     # measured 1.79 ... 1.81 over 5 seeds
     assert abs(dispersion - (friction + b) / friction) < 0.05, dispersion
-    assert gaussian_fit_kl(kept) > 0.3
+    assert moments(result.theta, MEAN, CASE.cov).kl > 0.3
+    # the check the corrected chain passes (after its burn-in) fails without the correction
+    must_fail(
+        lambda: check_moments(result.theta, MEAN, CASE.cov, mean_atol=0.1, cov_atol=0.1,
+                              kl_max=0.01),
+        "SGHMC ignored its gradient noise",
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

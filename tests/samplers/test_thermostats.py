@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from statistical import DoubleWell, check_stationary, correlated_gaussian, run_chains
 
 from metasampler.integrators import (
     gaussian_like,
@@ -20,32 +21,14 @@ from metasampler.integrators import (
     thermostat_splitting_step,
 )
 from metasampler.samplers.sgnht import SGNHT
-from metasampler.sampling import sample
-from metasampler.targets import EnergyTarget
 
-DIM = 4
-MEAN = torch.tensor([1.0, -1.0, 0.5, 2.0], dtype=torch.float64)
-_SCALES = torch.tensor([1.0, 0.7, 1.3, 0.8], dtype=torch.float64)
-_LAGS = (torch.arange(DIM)[:, None] - torch.arange(DIM)[None, :]).abs()
-COV = _SCALES[:, None] * _SCALES[None, :] * 0.6**_LAGS  # eigenvalues 0.19 ... 2.44
-PREC = torch.linalg.inv(COV)
+CASE = correlated_gaussian()  # eigenvalues of the covariance 0.19 ... 2.44
+DIM = CASE.dim
 
 
-def gaussian_target(grad_noise_std: float = 0.0) -> EnergyTarget:
-    def energy(x: torch.Tensor) -> torch.Tensor:
-        d = x - MEAN
-        return 0.5 * ((d @ PREC) * d).sum(-1)
-
-    return EnergyTarget(energy, DIM, grad_noise_std, grad_fn=lambda x: (x - MEAN) @ PREC)
-
-
-def gaussian_fit_kl(x: torch.Tensor) -> float:
-    """KL(N(mean(x), cov(x)) || N(MEAN, COV)) for samples ``x`` of shape ``(n, D)``."""
-    m, s = x.mean(0), torch.cov(x.T)
-    d = MEAN - m
-    return 0.5 * float(
-        torch.trace(PREC @ s) + d @ PREC @ d - DIM + torch.logdet(COV) - torch.logdet(s)
-    )
+def gaussian_target(grad_noise_std: float = 0.0):
+    """The correlated Gaussian's target with its closed-form gradient."""
+    return CASE.target(grad_noise_std)
 
 
 # -- exact update rules -------------------------------------------------------------------------
@@ -149,18 +132,10 @@ def test_sgnht_recovers_correlated_gaussian(multivariate: bool, integrator: str)
     sampler = SGNHT(eta=0.05, diffusion=1.0, multivariate=multivariate, integrator=integrator)
     n_steps, burn_in = 3000, 500
     init = torch.zeros(200, DIM, dtype=torch.float64)
-    result = sample(sampler, gaussian_target(), 200, n_steps, init=init, seed=0, progress=False)
-    theta = result.theta
-    cumulative = [
-        gaussian_fit_kl(theta[:t].reshape(-1, DIM)) for t in (n_steps // 20, n_steps // 4, n_steps)
-    ]
-    assert cumulative[0] > cumulative[1] > cumulative[2], cumulative
-    kept = theta[burn_in:].reshape(-1, DIM)
-    assert gaussian_fit_kl(kept) < 0.01
-    assert float((kept.mean(0) - MEAN).abs().max()) < 0.1  # measured <= 0.025 over 6 seeds
-    sd = COV.diag().sqrt()
-    cov_err = (torch.cov(kept.T) - COV).abs() / (sd[:, None] * sd[None, :])
-    assert float(cov_err.max()) < 0.1
+    result = run_chains(sampler, gaussian_target(), 200, n_steps, init=init, seed=0)
+    # means within 0.1 (measured <= 0.025 over 6 seeds) and 5 standard errors, covariance
+    # entries within 0.1 in correlation units, KL < 0.01, cumulative KL falling
+    check_stationary(result.theta, CASE, burn_in, kl_max=0.01, mean_atol=0.1, cov_atol=0.1)
     xi = result.final_state.extras["xi"]
     # The thermostat fluctuates around A (stationary law N(A, T/Q), Q = 1 per coordinate for
     # mSGNHT, Q = D for the scalar one): its mean over 200 chains is within ~0.1 of A.
@@ -168,16 +143,6 @@ def test_sgnht_recovers_correlated_gaussian(multivariate: bool, integrator: str)
 
 
 # -- paper 001 Fig. 1: double well ---------------------------------------------------------------
-def _double_well_energy(x: torch.Tensor) -> torch.Tensor:
-    x = x[:, 0]
-    return (x + 4) * (x + 1) * (x - 1) * (x - 3) / 14 + 0.5
-
-
-def _double_well_grad(x: torch.Tensor) -> torch.Tensor:
-    # U = (x^4 + x^3 - 13 x^2 - x + 12) / 14 + 0.5
-    return (4 * x**3 + 3 * x**2 - 26 * x - 1) / 14
-
-
 @pytest.mark.slow
 def test_splitting_beats_euler_on_double_well():
     # Paper 001 §3: the stochastic gradient is simulated as grad Ũ h = grad U h + N(0, 2 B h),
@@ -188,35 +153,20 @@ def test_splitting_beats_euler_on_double_well():
     # Chains start from exact draws of the density (inverse CDF on the quadrature grid), so the
     # comparison measures the integrators' stationary bias, which is what Fig. 1 plots.
     h, b = 0.2, 1.0
-    edges = np.linspace(-6.0, 5.0, 111)
-    fine = np.linspace(-6.0, 5.0, 110 * 40 + 1)
-    dens = np.exp(-_double_well_energy(torch.from_numpy(fine)[:, None]).numpy())
-    cdf = np.concatenate([[0.0], np.cumsum((dens[1:] + dens[:-1]) / 2 * np.diff(fine))])
-    mass = cdf[-1]  # the density outside [-6, 5] is < 1e-15 of the total
-    p_bins = np.diff(cdf[::40]) / mass  # exact bin probabilities (trapezoid, 40 nodes per bin)
-    cdf /= mass
-
+    well = DoubleWell()
     # the closed-form gradient is the derivative of U (autograd check)
     x = torch.linspace(-5, 4, 19, dtype=torch.float64)[:, None].requires_grad_(True)
-    (auto,) = torch.autograd.grad(_double_well_energy(x).sum(), x)
-    np.testing.assert_allclose(_double_well_grad(x.detach()).numpy(), auto.numpy(), rtol=1e-12)
+    (auto,) = torch.autograd.grad(well.energy(x).sum(), x)
+    np.testing.assert_allclose(well.grad(x.detach()).numpy(), auto.numpy(), rtol=1e-12)
 
     n_chains, n_steps, burn_in = 1000, 2000, 500
-    u = torch.rand(n_chains, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    init = torch.from_numpy(np.interp(u.numpy(), cdf, fine))[:, None]
-    target = EnergyTarget(_double_well_energy, 1, math.sqrt(2 * b / h), grad_fn=_double_well_grad)
+    init = well.exact_draws(n_chains, seed=7)
+    target = well.target(math.sqrt(2 * b / h))
     kl, xi = {}, {}
     for integrator in ("euler", "splitting"):
         sampler = SGNHT(eta=h, diffusion=0.0, multivariate=True, integrator=integrator)
-        result = sample(
-            sampler, target, n_chains, n_steps, init=init, burn_in=burn_in, seed=1,
-            progress=False,
-        )  # fmt: skip
-        counts, _ = np.histogram(result.theta.numpy().ravel(), bins=edges)
-        q = counts / result.theta.numel()
-        assert q.sum() > 0.999  # (almost) nothing outside the grid
-        m = q > 0
-        kl[integrator] = float((q[m] * np.log(q[m] / p_bins[m])).sum())
+        result = run_chains(sampler, target, n_chains, n_steps, init=init, burn_in=burn_in, seed=1)
+        kl[integrator] = well.histogram_kl(result.theta)  # (almost) nothing outside the grid
         xi[integrator] = float(result.final_state.extras["xi"].mean())
     # Measured: Euler 5.1e-3, splitting 4.8e-4 (three other seeds: 5.4-5.6e-3 vs 5-7e-4). The
     # Monte Carlo floor of a 110-bin histogram KL is ~(bins - 1) / (2 n_eff) ~ 5e-4 for the

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from statistical import isotropic_gaussian
 
 from metasampler.samplers.cyclical import cyclical_sghmc, cyclical_sgld
 from metasampler.samplers.sghmc import SGHMC
@@ -34,7 +35,8 @@ def _zero_gradient_target(dim: int = 3) -> EnergyTarget:
 
 
 def _quadratic_target(dim: int = 3) -> EnergyTarget:
-    return EnergyTarget(lambda x: 0.5 * (x * x).sum(-1), dim, grad_fn=lambda x: x.clone())
+    """``U = |x|^2 / 2``: the standard normal of the shared harness."""
+    return isotropic_gaussian(dim).target()
 
 
 # -- schedule values ------------------------------------------------------------------------------
