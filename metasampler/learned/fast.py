@@ -338,7 +338,7 @@ def run(args: StepArgs, sampler: Any) -> tuple:
     if path == "recompute":
         return run_recompute(args)
     if recording:
-        # Measured (bench/bench_nnsghmc_overhead.py): in eager mode the recomputing backward
+        # Measured (speed/bench_nnsghmc_overhead.py): in eager mode the recomputing backward
         # costs more time than it saves memory traffic, so meta-training uses plain autograd.
         return nnsghmc_update(*args)
     use = sampler.use_compile

@@ -482,7 +482,7 @@ def test_evaluate_cli_missing_data_prints_install_command(tmp_path, capsys):
 def test_nnsghmc_compile_option_reaches_the_loaded_sampler(tmp_path):
     """``methods.nnsghmc.compile`` is a valid config key and switches the loaded sampler's
     compiled step on (its numerical equivalence to the eager step is tested in
-    tests/test_nnsghmc.py); the default stays eager."""
+    tests/learned/test_nnsghmc.py); the default stays eager."""
     path = tmp_path / "s.safetensors"
     NNSGHMC(eta=0.01, q_hidden=(4,), d_hidden=(4,), seed=0).save(str(path))
     eager = build_method("nnsghmc", {}, 0.01, n_data=100, n_steps=5, sampler_path=path)
