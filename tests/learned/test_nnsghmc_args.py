@@ -4,6 +4,7 @@ config schema, the config builder and the sampler-file header all follow that de
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 
@@ -13,7 +14,7 @@ from metasampler.learned import NNSGHMC, NNSGHMCArgs
 from metasampler.learned.nets import ACTIVATIONS
 from metasampler.meta.build import build_sampler
 from metasampler.nnsghmc_args import ARCHITECTURE, CONSTANTS, Activation, arg_fields
-from metasampler.sampler_file import SCHEMAS
+from metasampler.sampler_file import FORMAT_VERSION, SCHEMAS
 from metasampler.sampler_write import build_header
 
 NON_DEFAULT = dict(
@@ -21,6 +22,7 @@ NON_DEFAULT = dict(
     alpha=0.1, c=0.2, q_clamp=3.0, d_output_scale=2.0, energy_input_scale=1.5,
     grad_input_scale=70.0, gamma="finite_difference", momentum_init="zeros",
     detach_inputs=False, d_clamp=5.0, grad_input="per_datum", friction_units="per_step",
+    energy_input="per_coordinate",
 )  # fmt: skip
 
 
@@ -38,11 +40,19 @@ def test_the_constructor_takes_every_argument_and_reports_it_back():
     assert NNSGHMC(eta=0.01).arguments() == NNSGHMCArgs()
 
 
+def test_the_signature_lists_every_argument():
+    # help(NNSGHMC) and IDEs read the signature: the described arguments, not **arguments.
+    parameters = inspect.signature(NNSGHMC).parameters
+    for f in arg_fields():
+        assert parameters[f.name].default == f.default
+    assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
 @pytest.mark.parametrize(
     "name, bad",
     [("alpha", -1.0), ("q_clamp", 0.0), ("beta_off", float("inf")), ("d_clamp", -2.0),
      ("gamma", "exactly"), ("d_output", "identity"), ("momentum_init", "ones"),
-     ("q_hidden", ()), ("activation", "gelu")],
+     ("q_hidden", ()), ("activation", "gelu"), ("energy_input", "per_dimension")],
 )  # fmt: skip
 def test_invalid_values_are_refused_naming_the_argument(name, bad):
     with pytest.raises(ValueError, match=name):
@@ -76,7 +86,7 @@ def test_the_header_sections_and_the_file_schema_follow_the_description():
     for section in (ARCHITECTURE, CONSTANTS):
         names = [f.name for f in arg_fields(section)]
         assert [k for k in header[section] if k != "dtype"] == names
-        assert [k for k in SCHEMAS[2][section] if k != "dtype"] == names
+        assert [k for k in SCHEMAS[FORMAT_VERSION][section] if k != "dtype"] == names
         assert NNSGHMCArgs.from_header(header[ARCHITECTURE], header[CONSTANTS]) == (
             sampler.arguments()
         )
@@ -88,6 +98,11 @@ def test_the_header_sections_and_the_file_schema_follow_the_description():
     assert (rebuilt.d_clamp, rebuilt.grad_input, rebuilt.friction_units) == (
         None, "standardised", "absolute",
     )  # fmt: skip
+    # Version 2 files lack energy_input (version 3): per datum, as they were trained.
+    v2 = [f.name for f in arg_fields(CONSTANTS, 2)]
+    assert list(SCHEMAS[2][CONSTANTS]) == v2 and "energy_input" not in v2
+    old = {k: v for k, v in header[CONSTANTS].items() if k in v2}
+    assert NNSGHMCArgs.from_header(header[ARCHITECTURE], old).energy_input == "per_datum"
 
 
 def test_the_activation_choices_are_those_the_nets_implement():
