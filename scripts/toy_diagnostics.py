@@ -1,0 +1,124 @@
+"""Why a toy sampler does what it does on the 20-D test Gaussian (docs/RESULTS.md, issue #11).
+
+    python scripts/toy_diagnostics.py SAMPLER.safetensors [more files] [--steps 2000]
+
+For each sampler file (or ``sghmc`` for SGHMC with friction 1), at the test step ``eta = 0.025``:
+
+* **coefficients**: mean ``|Q_f|``, share of coordinates on the ``Q`` clamp, mean ``D_f``,
+  share on the ``D`` clamp, on exact samples of the 10-D training and of the 20-D test
+  Gaussian (momenta ``N(0, I)``): whether the nets behave at test as in training;
+* **shape**: mean ``Q_f`` and ``D_f`` against the momentum ``p`` (all coordinates set to ``p``)
+  on exact test samples;
+* **stationary**: 50 chains started at exact test samples, ``--steps`` steps with gradient
+  noise N(0, 1): the sample variance over the target variance along the target's stiffest,
+  median and broadest eigendirection, and the largest mean error in target standard
+  deviations (the bias a sampler adds once burn-in is out of the picture).
+
+Samplers trained with ``task.energy_log_normaliser`` get the energy constant on both targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from toy_eval import trained_with_normalised_energy  # noqa: E402
+
+import metasampler as ms  # noqa: E402
+from tasks.toy import GaussianTask, paper_test_gaussian, paper_train_gaussian  # noqa: E402
+
+ETA = 0.025
+
+
+def _tasks(path: str) -> tuple[GaussianTask, GaussianTask]:
+    train, test = paper_train_gaussian(), paper_test_gaussian()
+    if path != "sghmc" and trained_with_normalised_energy(Path(path)):
+        train, test = train.with_normalised_energy(), test.with_normalised_energy()
+    return train, test
+
+
+def _exact(task: GaussianTask, n: int, seed: int) -> torch.Tensor:
+    noise = torch.randn(
+        n, task.dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
+    return task.mean + noise @ task.cov_cholesky.T
+
+
+def coefficients(sampler: ms.NNSGHMC, train: GaussianTask, test: GaussianTask) -> str:
+    """``|Q_f|`` and ``D_f`` at equilibrium of the training and the test Gaussian."""
+    parts = []
+    for name, task in (("train", train), ("test", test)):
+        theta = _exact(task, 500, 0)
+        p = torch.randn(
+            theta.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+        )
+        terms = sampler.drift_terms(theta, p, task.target(1.0, dtype=torch.float64), eta=ETA)
+        q, d = terms.q.abs(), terms.d
+        on_q = (q >= sampler.q_clamp - 1e-6).double().mean()
+        on_d = (d >= sampler.d_clamp - 1e-6).double().mean() if sampler.d_clamp else 0.0
+        parts.append(
+            f"{name}: |Q| {q.mean():.2f} ({on_q:.0%} clamped), "
+            f"D {d.mean():.2f} ({on_d:.0%} clamped)"
+        )
+    return "; ".join(parts)
+
+
+def shape(sampler: ms.NNSGHMC, test: GaussianTask) -> str:
+    """Mean ``Q_f`` / ``D_f`` against the momentum on exact test samples."""
+    theta = _exact(test, 200, 0)
+    target = test.target(1.0, dtype=torch.float64)
+    rows = []
+    for p in (-3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0):
+        terms = sampler.drift_terms(theta, torch.full_like(theta, p), target, eta=ETA)
+        rows.append(f"p={p:+.0f}: Q {terms.q.mean():+.2f} D {terms.d.mean():.2f}")
+    return " | ".join(rows)
+
+
+def stationary(sampler: ms.samplers.Sampler, test: GaussianTask, steps: int) -> str:
+    """Variance ratios along the test Gaussian's eigendirections, chains started exact."""
+    start = _exact(test, 50, 2).float()
+    result = ms.sample(
+        sampler, test.target(1.0), 50, steps, init=lambda g: start, seed=1, progress=False
+    )
+    x = result.theta.double().reshape(-1, test.dim)
+    variances, directions = torch.linalg.eigh(test.cov)
+    projected = (x - test.mean) @ directions
+    ratio = projected.var(0) / variances
+    mean_err = (projected.mean(0) / variances.sqrt()).abs().max()
+    return (
+        f"variance ratio stiffest {ratio[0]:.3f}, median {ratio.median():.3f}, broadest "
+        f"{ratio[-1]:.3f}; largest mean error {mean_err:.3f} sd"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("samplers", nargs="+", help="sampler files, or 'sghmc'")
+    parser.add_argument("--steps", type=int, default=2000, help="steps of the stationary run")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    for path in args.samplers:
+        train, test = _tasks(path)
+        print(f"## {path}")
+        if path == "sghmc":
+            sampler = ms.samplers.SGHMC(eta=ETA, friction=1.0)
+        else:
+            sampler = ms.load_sampler(path, eta=ETA)
+            learned = ms.load_sampler(path, eta=ETA).double()  # float64 nets for the terms
+            print("coefficients:", coefficients(learned, train, test))
+            print("shape:", shape(learned, test))
+        print("stationary:", stationary(sampler, test, args.steps))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
