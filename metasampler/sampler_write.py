@@ -1,4 +1,4 @@
-"""Writing a sampler file: the header (format :data:`~metasampler.sampler_file.FORMAT_VERSION`)
+"""Writing a sampler file: the header (format :data:`~metasampler.sampler_format.FORMAT_VERSION`)
 and the tensors, replaced atomically (the format is described in :mod:`metasampler.export`).
 
 :func:`write_sampler` takes what the file holds — the sampler's
