@@ -30,11 +30,36 @@ from pathlib import Path
 
 import torch
 
+import metasampler as ms
+from metasampler.benchmark import gaussian_benchmark
+from tasks.toy import paper_test_gaussian
+
 ROOT = Path(__file__).resolve().parent
 PRETRAINED = ROOT / "pretrained" / "toy_gaussian.safetensors"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the quickstart as the command line says; returns the exit code."""
+    args = _parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    sampler_path = Path(args.sampler)
+    if args.train:
+        code, sampler_path = _meta_train(args.epochs)
+        if code != 0:
+            return code
+    try:
+        learned = ms.load_sampler(sampler_path, eta=args.eta)
+    except (FileNotFoundError, ms.SamplerFileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    _toy_comparison(args, learned, sampler_path)
+    if args.no_transfer:
+        return 0
+    return _transfer_benchmark()
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -49,38 +74,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-transfer", action="store_true", help="skip the MNIST transfer benchmark (step 3)"
     )
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    return parser.parse_args(argv)
 
-    import metasampler as ms
-    from metasampler.benchmark import gaussian_benchmark
-    from tasks.toy import paper_test_gaussian
 
-    sampler_path = Path(args.sampler)
-    if args.train:
-        import train_meta
+def _meta_train(epochs: int) -> tuple[int, Path]:
+    """Step 1 with ``--train``: meta-train on ``configs/toy_gaussian.yaml`` for ``epochs``;
+    returns ``train_meta``'s exit code and the trained sampler's file."""
+    import train_meta  # the script (only needed with --train)
 
-        run_dir = ROOT / "runs" / f"quickstart_{int(time.time())}"
-        code = train_meta.main(
-            [
-                "--config",
-                str(ROOT / "configs" / "toy_gaussian.yaml"),
-                "--run-dir",
-                str(run_dir),
-                f"train.epochs={args.epochs}",
-                "train.eval_every=0",
-                f"train.checkpoint_every={args.epochs}",
-            ]
-        )
-        if code != 0:
-            return code
-        sampler_path = run_dir / "sampler.safetensors"
-    try:
-        learned = ms.load_sampler(sampler_path, eta=args.eta)
-    except (FileNotFoundError, ms.SamplerFileError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    run_dir = ROOT / "runs" / f"quickstart_{int(time.time())}"
+    code = train_meta.main(
+        [
+            "--config",
+            str(ROOT / "configs" / "toy_gaussian.yaml"),
+            "--run-dir",
+            str(run_dir),
+            f"train.epochs={epochs}",
+            "train.eval_every=0",
+            f"train.checkpoint_every={epochs}",
+        ]
+    )
+    return code, run_dir / "sampler.safetensors"
 
+
+def _toy_comparison(
+    args: argparse.Namespace, learned: ms.samplers.Sampler, sampler_path: Path
+) -> None:
+    """Step 2: the learned sampler, SGHMC and mSGNHT on the 20-D test Gaussian; prints the
+    table of KL, ESS and seconds averaged over the seeds."""
     task = paper_test_gaussian()
     methods = {
         "NNSGHMC (meta-trained)": learned,
@@ -121,10 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         "\nKL: Gaussian fitted to all samples so far vs the target (lower is better); "
         "ESS: BEAST-style per chain, as the paper's toy code (higher is better)."
     )
-    if args.no_transfer:
-        return 0
+
+
+def _transfer_benchmark() -> int:
+    """Step 3: ``evaluate.py --config configs/eval/quick.yaml``; returns its exit code."""
     print("\nTransfer benchmark: MNIST-trained sampler on a larger MLP (configs/eval/quick.yaml)")
-    import evaluate
+    import evaluate  # the script (not needed with --no-transfer)
 
     overrides = [] if sys.stderr.isatty() else ["progress=false"]  # no bar spam in logs
     return evaluate.main(["--config", str(ROOT / "configs" / "eval" / "quick.yaml"), *overrides])

@@ -18,55 +18,40 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.run_config import load_config, to_yaml
+from metasampler import distributed
+from metasampler.benchmark import gaussian_benchmark
+from metasampler.config import ConfigError
+from metasampler.learned import NNSGHMC
+from metasampler.logs import RunLogger, plot_sampler_nets
+from metasampler.meta.build import build_sampler, settings_from_config, with_step
+from metasampler.meta.checkpoint import History
+from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError
+from tasks.registry import ProblemFamily, build_problem
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--config", required=True, help="YAML config (see configs/)")
-    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    parser.add_argument("--run-dir", default=None, help="default: <out_dir>/<name>")
-    args = parser.parse_intermixed_args(argv)
-
-    from experiments.run_config import load_config, to_yaml
-    from metasampler.config import ConfigError
-
+    """Meta-train as the command line says; returns the exit code (2: bad config or run
+    directory, 1: training diverged)."""
+    args = _parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
 
-    from metasampler import distributed
-    from metasampler.benchmark import gaussian_benchmark
-    from metasampler.logs import RunLogger, plot_sampler_nets
-    from metasampler.meta.build import build_sampler, settings_from_config, with_step
-    from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError
-    from tasks.registry import ProblemFamily, build_problem
-
     # Threads; under torchrun also join the process group (one GPU per process for CUDA).
     device = distributed.init_from_config(cfg)
     main_process = distributed.is_main_process()  # rank 0 writes logs, checkpoints, sampler
     run_dir = Path(args.run_dir or Path(cfg.out_dir) / cfg.name)
-    checkpoint = run_dir / "checkpoint.pt"
-    error = None
-    if run_dir.exists() and not run_dir.is_dir():
-        error = f"run directory {run_dir} exists but is not a directory"
-    elif checkpoint.exists() and not args.resume:
-        error = (
-            f"{run_dir} already holds a checkpoint; pass --resume to continue it or "
-            "choose another name=... / --run-dir"
-        )
-    elif args.resume and not checkpoint.exists():
-        error = f"--resume given but there is no checkpoint at {checkpoint}"
-    error = distributed.broadcast_object(error)  # rank 0's run directory decides for all
-    if error is not None:
+    error = distributed.broadcast_object(_run_dir_error(run_dir, args.resume))
+    if error is not None:  # rank 0's run directory decides for all
         if main_process:
             print(f"error: {error}", file=sys.stderr)
         return 2
@@ -75,10 +60,83 @@ def main(argv: list[str] | None = None) -> int:
         if not args.resume:  # a resumed run's config.yaml changes only once resume succeeds
             (run_dir / "config.yaml").write_text(to_yaml(cfg))
 
+    sampler, problems = _prepare_sampler(cfg, device, calibrate=not args.resume)
+    logger = RunLogger(run_dir, enabled=main_process)
+    logger.text("config", "```\n" + to_yaml(cfg) + "\n```")
+    try:
+        trainer = MetaTrainer(
+            sampler,
+            problems,
+            settings_from_config(cfg.train),
+            run_dir=run_dir,
+            seed=cfg.seed,
+            logger=logger,
+            evaluate=_evaluation(cfg, logger, device, main_process),
+            progress=cfg.progress,
+            # Resume compares this with the checkpoint's copy and refuses a different run.
+            extra_checkpoint={
+                "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+            },
+        )
+    except ConfigError as err:  # e.g. a truncation schedule that torchrun does not shard
+        if main_process:
+            print(f"config error: {err}", file=sys.stderr)
+        logger.close()
+        return 2
+    if args.resume and not _resume(trainer, cfg, run_dir, logger, main_process):
+        return 2
+    start = time.time()
+    try:
+        history = trainer.train()
+    except TrainingDivergedError as err:
+        if main_process:
+            print(f"error: {err}", file=sys.stderr)
+        logger.close()
+        return 1
+    finally:
+        logger.close()
+    elapsed = time.time() - start
+    if main_process:
+        _save(sampler, cfg, run_dir, history, elapsed)
+    return 0
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", required=True, help="YAML config (see configs/)")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument("--run-dir", default=None, help="default: <out_dir>/<name>")
+    return parser.parse_intermixed_args(argv)
+
+
+def _run_dir_error(run_dir: Path, resume: bool) -> str | None:
+    """Why ``run_dir`` cannot take this run (``None`` if it can)."""
+    checkpoint = run_dir / "checkpoint.pt"
+    if run_dir.exists() and not run_dir.is_dir():
+        return f"run directory {run_dir} exists but is not a directory"
+    if checkpoint.exists() and not resume:
+        return (
+            f"{run_dir} already holds a checkpoint; pass --resume to continue it or "
+            "choose another name=... / --run-dir"
+        )
+    if resume and not checkpoint.exists():
+        return f"--resume given but there is no checkpoint at {checkpoint}"
+    return None
+
+
+def _prepare_sampler(
+    cfg: DictConfig, device: torch.device, *, calibrate: bool
+) -> tuple[NNSGHMC, ProblemFamily]:
+    """The sampler to train (input statistics calibrated on the first problem unless
+    resuming, identical on every rank) and the family of training problems."""
+    main_process = distributed.is_main_process()
     sampler = build_sampler(cfg.sampler, seed=cfg.seed).to(device)
     problems = ProblemFamily(cfg.task, device=device)
     first = problems(0, torch.Generator(device=device).manual_seed(cfg.seed))
-    if cfg.sampler.calibrate_steps and not args.resume:
+    if cfg.sampler.calibrate_steps and calibrate:
         # Calibrate from the problem's own initialisation (as the training chains start),
         # not the driver's default N(0, I) positions (far off for network weights).
         calibration_init = first.init(
@@ -95,13 +153,18 @@ def main(argv: list[str] | None = None) -> int:
             print("input statistics:", {k: round(v, 4) for k, v in stats.items()})
     sampler.train_dim.fill_(first.target.dim)
     distributed.broadcast_module(sampler)  # every rank starts from rank 0's nets
+    return sampler, problems
 
-    logger = RunLogger(run_dir, enabled=main_process)
-    logger.text("config", "```\n" + to_yaml(cfg) + "\n```")
+
+def _evaluation(
+    cfg: DictConfig, logger: RunLogger, device: torch.device, main_process: bool
+) -> Callable[[NNSGHMC, int], dict[str, float]]:
+    """The trainer's periodic evaluation: net plots and parameter histograms, and the
+    Gaussian benchmark on ``cfg.eval.task`` when it has an exact answer."""
     evaluating = cfg.train.eval_every and main_process  # (the trainer evaluates on rank 0)
     eval_problem = build_problem(cfg.eval.task, device=device) if evaluating else None
 
-    def evaluate(trained, epoch: int) -> dict[str, float]:
+    def evaluate(trained: NNSGHMC, epoch: int) -> dict[str, float]:
         logger.figure("nets/contours", plot_sampler_nets(trained), epoch)
         for name, param in trained.named_parameters():
             logger.histogram(f"params/{name}", param, epoch)
@@ -120,50 +183,30 @@ def main(argv: list[str] | None = None) -> int:
             seed=cfg.seed,
         )
 
+    return evaluate
+
+
+def _resume(
+    trainer: MetaTrainer, cfg: DictConfig, run_dir: Path, logger: RunLogger, main_process: bool
+) -> bool:
+    """Load the last checkpoint; on failure print why, close the logger and return False."""
     try:
-        trainer = MetaTrainer(
-            sampler,
-            problems,
-            settings_from_config(cfg.train),
-            run_dir=run_dir,
-            seed=cfg.seed,
-            logger=logger,
-            evaluate=evaluate,
-            progress=cfg.progress,
-            # Resume compares this with the checkpoint's copy and refuses a different run.
-            extra_checkpoint={
-                "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-            },
-        )
-    except ConfigError as err:  # e.g. a truncation schedule that torchrun does not shard
-        if main_process:
-            print(f"config error: {err}", file=sys.stderr)
-        logger.close()
-        return 2
-    if args.resume:
-        try:
-            done = trainer.resume()
-        except (FileNotFoundError, ValueError) as err:  # unreadable, or another world size
-            if main_process:
-                print(f"error: {err}", file=sys.stderr)
-            logger.close()
-            return 2
-        if main_process:
-            (run_dir / "config.yaml").write_text(to_yaml(cfg))
-            print(f"resuming {run_dir} after epoch {done}")
-    start = time.time()
-    try:
-        history = trainer.train()
-    except TrainingDivergedError as err:
+        done = trainer.resume()
+    except (FileNotFoundError, ValueError) as err:  # unreadable, or another world size
         if main_process:
             print(f"error: {err}", file=sys.stderr)
         logger.close()
-        return 1
-    finally:
-        logger.close()
-    elapsed = time.time() - start
-    if not main_process:
-        return 0
+        return False
+    if main_process:
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        print(f"resuming {run_dir} after epoch {done}")
+    return True
+
+
+def _save(
+    sampler: NNSGHMC, cfg: DictConfig, run_dir: Path, history: History, elapsed: float
+) -> None:
+    """Write the trained sampler with its provenance and print the closing lines."""
     out = run_dir / "sampler.safetensors"
     sampler.save(
         str(out),
@@ -177,7 +220,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trained {cfg.train.epochs} epochs in {elapsed:.0f} s; sampler saved to {out}")
     if history.evals:
         print("last evaluation:", {k: round(v, 4) for k, v in history.evals[-1].items()})
-    return 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ overrides from the command line. Unknown keys and values of the wrong type or ou
 allowed choices fail *before any work starts*, with a :class:`~metasampler.config.ConfigError`
 naming the key. The ``sampler`` and ``train`` sections are the library's
 :class:`~metasampler.config.SamplerConfig` and :class:`~metasampler.config.TrainConfig`; the
-task section (:class:`TaskConfig`, built by ``tasks.registry``) belongs to this application.
+task section is the tasks' own schema (:class:`tasks.config.TaskConfig`, built by
+``tasks.registry``).
 
 Example (``configs/toy_gaussian.yaml``)::
 
@@ -27,7 +28,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from metasampler.config import (
-    Activation,
     ConfigError,
     PoolSpan,
     SamplerConfig,
@@ -35,6 +35,7 @@ from metasampler.config import (
     check_run_placement,
     load_structured,
 )
+from tasks.config import MusicDataset, TaskConfig, TaskKind
 
 __all__ = [
     "Backend",
@@ -47,58 +48,6 @@ __all__ = [
     "load_config",
     "to_yaml",
 ]
-
-
-class TaskKind(str, Enum):
-    """Targets the meta-trainer and evaluator know how to build (``tasks/registry.py``)."""
-
-    gaussian = "gaussian"  # any-D Gaussian (identity / diagonal / correlated)
-    paper_train_gaussian = "paper_train_gaussian"  # 004 F.1: 10-D, mean 3, random diagonal
-    paper_test_gaussian = "paper_test_gaussian"  # 004 F.1: 20-D, mean 3, correlated
-    random_gaussians = "random_gaussians"  # a new random Gaussian every meta-epoch
-    mnist_mlp = "mnist_mlp"  # 004 F.2 (transfer issue)
-    fmnist_cnn = "fmnist_cnn"  # 004 F.3 stand-in (transfer issue)
-    chorale_gru = "chorale_gru"  # 004 F.4 (transfer issue)
-
-
-class MusicDataset(str, Enum):
-    """The music21 corpus of a ``chorale_gru`` task (``tasks/chorales.py``)."""
-
-    bach = "bach"  # four-part chorales (music21 corpus), the JSB set's source
-    palestrina = "palestrina"  # a 200-piece subset of the music21 Palestrina corpus
-
-
-@dataclass
-class TaskConfig:
-    """What to sample: a toy target or a Bayesian neural network with its data."""
-
-    kind: TaskKind = TaskKind.paper_train_gaussian
-    dim: int = 10  # gaussian / random_gaussians
-    mean: float = 3.0
-    cov: str = "correlated"  # gaussian: identity | diagonal | correlated
-    # Eigenvalue range and spacing (log | uniform) of the covariance of gaussian,
-    # random_gaussians and paper_train_gaussian (null: the kind's default). The smallest
-    # eigenvalue sets how stiff a direction training shows the sampler at its step.
-    eig_range: list[float] | None = None
-    eig_spacing: str | None = None
-    seed: int = 0  # seeds the random covariance / data split
-    grad_noise_std: float = 1.0  # toy targets: injected gradient noise sigma
-    # Gaussian targets: the energy fed to a learned sampler's nets includes the constant
-    # ½ log(2 pi det Sigma), as the paper's toy code (SPEC §4; GaussianTask.with_normalised_energy)
-    energy_log_normaliser: bool = False
-    init_low: float = 0.0  # toy chains start uniform in [init_low, init_high]^D
-    init_high: float = 6.0
-    # Bayesian neural networks (mnist_mlp, fmnist_cnn, chorale_gru)
-    hidden: list[int] = field(default_factory=lambda: [20])
-    activation: Activation = Activation.relu
-    channels: int = 8
-    batch_size: int = 500
-    prior_std: float = 1.0
-    data_dir: str | None = None
-    classes: list[int] | None = None  # restrict the training classes (NT+Data)
-    # chorale_gru only (tasks/chorales.py): the music21 corpus and the chunk length in frames
-    dataset: MusicDataset = MusicDataset.bach
-    seq_len: int = 32
 
 
 @dataclass

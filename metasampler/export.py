@@ -70,17 +70,19 @@ from torch import Tensor
 from .learned.nnsghmc import NNSGHMC
 from .nnsghmc_args import GAMMA_MODES, NNSGHMCArgs
 from .sampler_file import (
+    SamplerFile,
+    SamplerFileError,
+    SamplerFileWarning,
+    read_raw_header,
+    read_sampler_file,
+)
+from .sampler_format import (
     DTYPES,
     FORMAT,
     FORMAT_VERSION,
     HEADER_KEY,
     NET_DTYPES,
     READABLE_VERSIONS,
-    SamplerFile,
-    SamplerFileError,
-    SamplerFileWarning,
-    read_raw_header,
-    read_sampler_file,
 )
 from .schedules import Schedule
 from .stepsize import check_step_args

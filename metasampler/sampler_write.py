@@ -1,4 +1,4 @@
-"""Writing a sampler file: the header (format :data:`~metasampler.sampler_file.FORMAT_VERSION`)
+"""Writing a sampler file: the header (format :data:`~metasampler.sampler_format.FORMAT_VERSION`)
 and the tensors, replaced atomically (the format is described in :mod:`metasampler.export`).
 
 :func:`write_sampler` takes what the file holds — the sampler's
@@ -23,16 +23,14 @@ from torch import Tensor
 from ._version import __version__
 from .files import jsonable
 from .nnsghmc_args import ARCHITECTURE, CONSTANTS, NNSGHMCArgs
-from .sampler_file import (
+from .sampler_file import SamplerFileError, header_checksum, parse_json
+from .sampler_format import (
     CHECKSUM_FULL,
     FORMAT,
     FORMAT_VERSION,
     HEADER_KEY,
     MAX_JSON_BYTES,
     STATISTICS,
-    SamplerFileError,
-    header_checksum,
-    parse_json,
 )
 from .staging import owner_tag, remove_stale_files
 

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .posterior import to_inference_data
 from .samplers.base import Sampler, SamplerState, check_finite
 from .targets import Target, check_positions
 
@@ -47,9 +48,7 @@ class SampleResult:
         variable ``theta`` of shape ``(chain, draw, D)``. ``sample_stats.energy`` holds the
         (minibatch) energy of each kept sample.
         """
-        from .posterior import to_inference_data  # imports ArviZ, an optional extra
-
-        return to_inference_data(self)
+        return to_inference_data(self)  # imports ArviZ, an optional extra
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -157,37 +156,10 @@ def sample(
         NonFiniteError: a chain diverged; the message names the chain and the step.
     """
     _check_arguments(sampler, target, n_chains, n_steps, burn_in, thin, seed, dtype, callback)
-    if isinstance(init, SamplerState):
-        device = init.theta.device
-    elif isinstance(init, Tensor):
-        device = device or init.device
-    device = torch.device(device or "cpu")
+    device = _chain_device(init, device)
     generator = make_generator(seed, device)
-
-    if isinstance(init, SamplerState):
-        state = init
-        check_positions(state.theta, target.dim, "init.theta")
-    else:
-        if init is None:
-            theta = torch.randn(
-                (n_chains, target.dim), generator=generator, device=device, dtype=dtype
-            )
-        elif callable(init) and not isinstance(init, Tensor):
-            theta = init(generator)
-        else:
-            theta = init
-        theta = theta.to(device=device, dtype=theta.dtype if theta.is_floating_point() else dtype)
-        check_positions(theta, target.dim, "init")
-        if theta.shape[0] != n_chains:
-            raise ValueError(f"init has {theta.shape[0]} chains but n_chains={n_chains}")
-        state = sampler.init(theta, target, generator)
-
-    start = state.step
-    kept_steps = [
-        k
-        for k in range(start + 1, start + n_steps + 1)
-        if k - start > burn_in and (k - start - burn_in) % thin == 0 and sampler.collects(k)
-    ]
+    state = _initial_state(sampler, target, n_chains, init, generator, device, dtype)
+    kept_steps = _kept_steps(sampler, state.step, n_steps, burn_in, thin)
     if store and not kept_steps:
         raise ValueError(
             f"no sample would be kept: n_steps={n_steps} with burn_in={burn_in} and thin={thin}"
@@ -195,23 +167,95 @@ def sample(
             + "; run more steps or lower burn_in / thin"
         )
     n_kept = len(kept_steps) if store else 0
+    bar = tqdm(total=n_steps, desc=type(sampler).__name__, disable=not progress, leave=False)
+    with bar:
+        state, thetas, energies = _run_chains(
+            sampler, target, state, n_steps, generator, kept_steps[:n_kept], callback, bar.update
+        )
+    return SampleResult(thetas, energies, torch.tensor(kept_steps[:n_kept]), state, target)
+
+
+def _chain_device(
+    init: Tensor | Callable[[torch.Generator], Tensor] | SamplerState | None,
+    device: torch.device | str | None,
+) -> torch.device:
+    """Where the chains live: a continued state's device, else ``device``, else ``init``'s
+    device, else CPU."""
+    if isinstance(init, SamplerState):
+        device = init.theta.device
+    elif isinstance(init, Tensor):
+        device = device or init.device
+    return torch.device(device or "cpu")
+
+
+def _initial_state(
+    sampler: Sampler,
+    target: Target,
+    n_chains: int,
+    init: Tensor | Callable[[torch.Generator], Tensor] | SamplerState | None,
+    generator: torch.Generator,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> SamplerState:
+    """The state the run starts from: ``init`` itself when it is a state (a continued run),
+    else the sampler's initial state at the checked start positions."""
+    if isinstance(init, SamplerState):
+        check_positions(init.theta, target.dim, "init.theta")
+        return init
+    if init is None:
+        theta = torch.randn((n_chains, target.dim), generator=generator, device=device, dtype=dtype)
+    elif callable(init) and not isinstance(init, Tensor):
+        theta = init(generator)
+    else:
+        theta = init
+    theta = theta.to(device=device, dtype=theta.dtype if theta.is_floating_point() else dtype)
+    check_positions(theta, target.dim, "init")
+    if theta.shape[0] != n_chains:
+        raise ValueError(f"init has {theta.shape[0]} chains but n_chains={n_chains}")
+    return sampler.init(theta, target, generator)
+
+
+def _kept_steps(sampler: Sampler, start: int, n_steps: int, burn_in: int, thin: int) -> list[int]:
+    """The (absolute, 1-based) steps after ``start`` whose samples are kept: after burn-in,
+    every ``thin``-th, and only where the sampler's schedule collects."""
+    return [
+        k
+        for k in range(start + 1, start + n_steps + 1)
+        if k - start > burn_in and (k - start - burn_in) % thin == 0 and sampler.collects(k)
+    ]
+
+
+def _run_chains(
+    sampler: Sampler,
+    target: Target,
+    state: SamplerState,
+    n_steps: int,
+    generator: torch.Generator,
+    kept_steps: list[int],
+    callback: Callable[[SamplerState], None] | None,
+    advance: Callable[[int], object],
+) -> tuple[SamplerState, Tensor, Tensor]:
+    """Take ``n_steps`` steps from ``state``, stopping on a non-finite position; returns the
+    final state and the ``(S, K, D)`` positions and ``(S, K)`` energies at ``kept_steps``.
+    ``advance(1)`` is called after each step (the progress bar)."""
     K, D = state.theta.shape
-    thetas = torch.empty((n_kept, K, D), dtype=state.theta.dtype, device=device)
-    energies = torch.empty((n_kept, K), dtype=state.theta.dtype, device=device)
+    thetas = torch.empty(
+        (len(kept_steps), K, D), dtype=state.theta.dtype, device=state.theta.device
+    )
+    energies = torch.empty((len(kept_steps), K), dtype=state.theta.dtype, device=state.theta.device)
     kept = set(kept_steps)
     slot = 0
-    bar = tqdm(total=n_steps, desc=type(sampler).__name__, disable=not progress, leave=False)
     # Sampling never builds a graph through the chain, even for a sampler with trainable nets
     # (meta-training unrolls its own windows); targets enable grad locally for grad U.
-    with torch.no_grad(), bar:
+    with torch.no_grad():
         for _ in range(n_steps):
             state = sampler.step(state, target, generator)
             check_finite(state.step, position=state.theta)
-            if store and state.step in kept:
+            if state.step in kept:
                 thetas[slot] = state.theta.detach()
                 energies[slot] = state.energy.detach()
                 slot += 1
             if callback is not None:
                 callback(state)
-            bar.update(1)
-    return SampleResult(thetas, energies, torch.tensor(kept_steps[:n_kept]), state, target)
+            advance(1)
+    return state, thetas, energies

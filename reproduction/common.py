@@ -33,6 +33,7 @@ __all__ = [
     "LABELS",
     "NNSGHMCFile",
     "NNSGHMCSettings",
+    "check_csgld",
     "check_datasets",
     "csgld_sampler",
     "figure_png",
@@ -132,6 +133,19 @@ class NNSGHMCSettings(NNSGHMCFile):
     """:class:`NNSGHMCFile` run at the SDE step ``eta``."""
 
     eta: float = 0.05
+
+
+def check_csgld(cfg: DictConfig, key: str = "csgld", n_steps: str = "n_steps") -> None:
+    """The :class:`CSGLDSettings` section ``key`` of ``cfg``: at least one cycle and no more
+    cycles than ``cfg[n_steps]`` steps, a positive ``eta``, an exploration fraction in
+    ``[0, 1)``."""
+    check_int_at_least(cfg, 1, f"{key}.n_cycles")
+    require(
+        OmegaConf.select(cfg, f"{key}.n_cycles") <= OmegaConf.select(cfg, n_steps),
+        f"{key}.n_cycles must be <= {n_steps}",
+    )
+    check_positive(cfg, f"{key}.eta")
+    check_fraction(cfg, f"{key}.explore_fraction")
 
 
 def csgld_sampler(settings: DictConfig, total_steps: int) -> Any:

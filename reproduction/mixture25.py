@@ -30,7 +30,7 @@ from .common import (
     LABELS,
     CSGLDSettings,
     ExperimentOutput,
-    check_fraction,
+    check_csgld,
     check_int_at_least,
     check_positive,
     csgld_sampler,
@@ -88,12 +88,10 @@ class Mixture25Config:
 def validate(cfg: DictConfig) -> None:
     """Range checks; raises :class:`~metasampler.config.ConfigError`."""
     check_int_at_least(cfg, 1, "n_runs", "chains_per_run", "n_steps", "min_count")
-    check_int_at_least(cfg, 1, "csgld.n_cycles")
-    check_positive(cfg, "sgld.eta", "csgld.eta", "nnsghmc.eta", "radius", "sgld.gamma")
-    check_fraction(cfg, "csgld.explore_fraction")
+    check_csgld(cfg)
+    check_positive(cfg, "sgld.eta", "nnsghmc.eta", "radius", "sgld.gamma")
     require(cfg.grad_noise_std >= 0, f"grad_noise_std must be >= 0, got {cfg.grad_noise_std!r}")
     require(cfg.init_high > cfg.init_low, "init_high must be > init_low")
-    require(cfg.csgld.n_cycles <= cfg.n_steps, "csgld.n_cycles must be <= n_steps")
     require(cfg.nnsghmc.n_steps >= 0, "nnsghmc.n_steps must be >= 0")
     require(cfg.density_bins >= 10, "density_bins must be >= 10")
 

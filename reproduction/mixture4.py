@@ -38,7 +38,7 @@ from .common import (
     CSGLDSettings,
     ExperimentOutput,
     NNSGHMCSettings,
-    check_fraction,
+    check_csgld,
     check_int_at_least,
     check_positive,
     csgld_sampler,
@@ -90,15 +90,14 @@ class Mixture4Config:
 
 def validate(cfg: DictConfig) -> None:
     """Range checks; raises :class:`~metasampler.config.ConfigError`."""
-    check_int_at_least(cfg, 1, "n_runs", "n_steps", "sgld.decay_until", "csgld.n_cycles")
+    check_int_at_least(cfg, 1, "n_runs", "n_steps", "sgld.decay_until")
     check_int_at_least(cfg, 0, "burn_in")
     require(
         cfg.n_steps - cfg.burn_in >= 16,
         f"n_steps - burn_in must leave >= 16 samples, got {cfg.n_steps} - {cfg.burn_in}",
     )
-    require(cfg.csgld.n_cycles <= cfg.n_steps, "csgld.n_cycles must be <= n_steps")
-    check_positive(cfg, "sgld.eta", "csgld.eta", "nnsghmc.eta", "sgld.gamma")
-    check_fraction(cfg, "csgld.explore_fraction")
+    check_csgld(cfg)
+    check_positive(cfg, "sgld.eta", "nnsghmc.eta", "sgld.gamma")
     require(cfg.grad_noise_std >= 0, f"grad_noise_std must be >= 0, got {cfg.grad_noise_std!r}")
 
 

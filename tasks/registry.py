@@ -1,4 +1,4 @@
-"""Build sampling problems from a :class:`experiments.run_config.TaskConfig`.
+"""Build sampling problems from a :class:`tasks.config.TaskConfig`.
 
 A :class:`~tasks.problem.Problem` is what the meta-trainer and the evaluators need: a target, a
 way to draw initial positions for ``K`` chains, and (for toy targets) the exact task for
@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from experiments.run_config import TaskConfig, TaskKind
-
 from .bnn import build_bnn_problem
+from .config import TaskConfig, TaskKind
 from .gaussian import GaussianTask, gaussian, paper_test_gaussian, paper_train_gaussian
 from .problem import Problem
 

@@ -32,12 +32,8 @@ from metasampler.export import (
     upgrade_sampler_file,
 )
 from metasampler.learned import NNSGHMC
-from metasampler.sampler_file import (
-    CHECKSUM_FULL,
-    CHECKSUM_TENSORS,
-    header_checksum,
-    tensor_checksum,
-)
+from metasampler.sampler_file import header_checksum, tensor_checksum
+from metasampler.sampler_format import CHECKSUM_FULL, CHECKSUM_TENSORS
 
 TESTS_DIR = Path(__file__).resolve().parent
 

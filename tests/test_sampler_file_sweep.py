@@ -23,7 +23,8 @@ from metasampler.export import (
     save_sampler,
 )
 from metasampler.learned import NNSGHMC
-from metasampler.sampler_file import CHECKSUM_FULL, header_checksum
+from metasampler.sampler_file import header_checksum
+from metasampler.sampler_format import CHECKSUM_FULL
 
 SEED = 20261123
 

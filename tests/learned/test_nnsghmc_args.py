@@ -14,7 +14,7 @@ from metasampler.learned import NNSGHMC, NNSGHMCArgs
 from metasampler.learned.nets import ACTIVATIONS
 from metasampler.meta.build import build_sampler
 from metasampler.nnsghmc_args import ARCHITECTURE, CONSTANTS, Activation, arg_fields
-from metasampler.sampler_file import FORMAT_VERSION, SCHEMAS
+from metasampler.sampler_format import FORMAT_VERSION, SCHEMAS
 from metasampler.sampler_write import build_header
 
 NON_DEFAULT = dict(
