@@ -308,7 +308,7 @@ def _check_version(path: Path, version: Any, versions: tuple[int, ...], current:
         hint = ""
     raise SamplerFileError(
         f"{path} was written by format version {version!r}; this metasampler reads versions "
-        f"{' and '.join(str(v) for v in versions)}{hint}"
+        f"{_spoken_list(versions)}{hint}"
     )
 
 
@@ -344,3 +344,9 @@ def _layout(outer: dict, data: bytes, fail) -> dict[str, tuple[str, tuple[int, .
     if position != len(data):
         fail(f"the tensors cover {position} bytes of data, the file has {len(data)} (truncated?)")
     return {n: (c, s, data[b:e]) for n, (c, s, b, e) in entries.items()}
+
+
+def _spoken_list(items: Iterable[Any]) -> str:
+    """``1``, ``1 and 2``, ``1, 2 and 3``."""
+    words = [str(item) for item in items]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"

@@ -468,22 +468,23 @@ def test_wrong_format_name(saved, tmp_path):
         load_sampler(bad)
 
 
-@pytest.mark.parametrize("version", [99, 0, "1", 3])
+@pytest.mark.parametrize("version", [99, 0, "1", 4])
 def test_other_format_version(saved, tmp_path, version):
     _, path = saved
     bad = rewrite(
         path, tmp_path / "v.safetensors", header=lambda h: h.update(format_version=version)
     )
-    message = f"written by format version {version!r}; this metasampler reads versions 1 and 2"
+    message = f"written by format version {version!r}; this metasampler reads versions 1, 2 and 3"
     with pytest.raises(SamplerFileError, match=re.escape(message)):
         load_sampler(bad)
     assert read_header(bad)["format_version"] == version  # inspection still works
 
 
 def as_version_1(header: dict) -> None:
-    """A version-1 header: written before d_clamp, grad_input and friction_units existed."""
+    """A version-1 header: written before d_clamp, grad_input and friction_units (version 2)
+    and energy_input (version 3) existed."""
     header["format_version"] = 1
-    for name in ("d_clamp", "grad_input", "friction_units"):
+    for name in ("d_clamp", "grad_input", "friction_units", "energy_input"):
         del header["constants"][name]
     header["checksum"]["algorithm"] = "sha256"  # over the tensors only (set by rewrite)
 
