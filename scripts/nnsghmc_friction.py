@@ -21,7 +21,7 @@ import sys
 import torch
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -38,27 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--d-scale", type=float, default=1.0, help="multiply the file's f_D output scale s_D"
     )
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    return parser.parse_args(argv)
 
+
+def build_sampler(args: argparse.Namespace, cfg, problem):
+    """The config's NNSGHMC at ``--lr`` with the overrides, warmed up as the protocol does;
+    returns it, its step ``eta``, the warm-up's steps and step, and the note on ``alpha``."""
     from omegaconf import OmegaConf
 
-    from experiments.benchmark_config import load_benchmark_config
-    from metasampler import sample
-    from metasampler.benchmark import (
-        apply_warmup,
-        build_method,
-        ensemble_log_probs_from_lp,
-        error_rate,
-        negative_log_likelihood,
-        predict_log_probs,
-        set_alpha_from_warmup,
-    )
-    from tasks.registry import build_problem
+    from metasampler.benchmark import apply_warmup, build_method, set_alpha_from_warmup
 
-    cfg = load_benchmark_config(args.config)
-    problem = build_problem(cfg.task, seed=cfg.task.seed, device="cpu")
-    target, n = problem.target, problem.target.n_data
+    n = problem.target.n_data
     options = OmegaConf.to_container(cfg.methods.nnsghmc, resolve=True)
     if args.alpha_per_step is not None:
         options["alpha_per_step"] = args.alpha_per_step
@@ -75,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     eta_warmup = apply_warmup(sampler, warmup, cfg.budget.warmup_lr_factor, n)
     note = set_alpha_from_warmup(sampler, options.get("alpha_per_step"), eta_warmup)
     eta = sampler.eta if sampler.eta is not None else (args.lr / n) ** 0.5
-    x_test, y_test = problem.data.x_test, problem.data.y_test
+    return sampler, eta, warmup, eta_warmup, note
+
+
+def print_header(args, problem, sampler, eta, warmup, eta_warmup, note) -> None:
+    """The run's settings, then the head of the table."""
     print(
         f"{problem.name}: lr {args.lr:g} (eta {eta:.4g}), warm-up {warmup} steps at eta "
         f"{eta_warmup:.4g}; alpha: {note}; q_clamp {sampler.q_clamp:g}, beta_off "
@@ -87,33 +81,59 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
 
+
+def friction_row(sampler, problem, state, eta_k: float) -> str:
+    """One row of the table: curl, friction and ensemble test error of ``state``'s chains."""
+    from metasampler.benchmark import (
+        ensemble_log_probs_from_lp,
+        error_rate,
+        negative_log_likelihood,
+        predict_log_probs,
+    )
+
+    target, x_test, y_test = problem.target, problem.data.x_test, problem.data.y_test
+    with torch.no_grad():
+        terms = sampler.drift_terms(state.theta, state.momentum, target, eta=eta_k)
+    q, d = terms.q.double(), terms.d.double()
+    clamped = ((q - sampler.beta_off).abs() >= sampler.q_clamp - 1e-6).double().mean()
+    units = getattr(sampler, "friction_units", "absolute")
+    # the alpha Q_f^2 share of D_f (before any d_clamp): divided by eta in per-step units
+    curl_part = sampler.alpha * q * q / (eta_k if units == "per_step" else 1.0)
+    per_step = eta_k * d
+    lp = predict_log_probs(target, state.theta, x_test)
+    ens = ensemble_log_probs_from_lp(lp)
+    err, nll = error_rate(ens, y_test), negative_log_likelihood(ens, y_test)
+    return (
+        f"| {state.step} | {eta_k:.4g} | {float(q.mean()):.3f} | {float(clamped):.1%} | "
+        f"{float(per_step.mean()):.4f} | {float(per_step.flatten().quantile(0.9)):.4f} | "
+        f"{float((eta_k * curl_part).mean()):.4f} | "
+        f"{float((eta_k * (d - curl_part)).mean()):.4f} | {100 * err:.2f} | {nll:.4f} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+
+    from experiments.benchmark_config import load_benchmark_config
+    from metasampler import sample
+    from tasks.registry import build_problem
+
+    cfg = load_benchmark_config(args.config)
+    problem = build_problem(cfg.task, seed=cfg.task.seed, device="cpu")
+    sampler, eta, warmup, eta_warmup, note = build_sampler(args, cfg, problem)
+    print_header(args, problem, sampler, eta, warmup, eta_warmup, note)
+
     def report(state) -> None:
         k = state.step
         if k % args.every and k != args.n_steps:
             return
         eta_k = eta * sampler.schedule(k).scale
-        with torch.no_grad():
-            terms = sampler.drift_terms(state.theta, state.momentum, target, eta=eta_k)
-        q, d = terms.q.double(), terms.d.double()
-        clamped = ((q - sampler.beta_off).abs() >= sampler.q_clamp - 1e-6).double().mean()
-        units = getattr(sampler, "friction_units", "absolute")
-        # the alpha Q_f^2 share of D_f (before any d_clamp): divided by eta in per-step units
-        curl_part = sampler.alpha * q * q / (eta_k if units == "per_step" else 1.0)
-        per_step = eta_k * d
-        lp = predict_log_probs(target, state.theta, x_test)
-        ens = ensemble_log_probs_from_lp(lp)
-        err, nll = error_rate(ens, y_test), negative_log_likelihood(ens, y_test)
-        print(
-            f"| {k} | {eta_k:.4g} | {float(q.mean()):.3f} | {float(clamped):.1%} | "
-            f"{float(per_step.mean()):.4f} | {float(per_step.flatten().quantile(0.9)):.4f} | "
-            f"{float((eta_k * curl_part).mean()):.4f} | "
-            f"{float((eta_k * (d - curl_part)).mean()):.4f} | {100 * err:.2f} | {nll:.4f} |",
-            flush=True,
-        )
+        print(friction_row(sampler, problem, state, eta_k), flush=True)
 
     sample(
         sampler,
-        target,
+        problem.target,
         args.n_chains,
         args.n_steps,
         init=lambda g: problem.init(args.n_chains, g),

@@ -91,7 +91,7 @@ def time_config(sampler, target, init, k: int, n_steps: int, repeats: int) -> tu
     return k * n_steps / best[0], k * n_steps / best[1]
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few steps, no file written")
     parser.add_argument(
@@ -108,14 +108,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if max(args.chains) > 50 or min(args.chains) < 1:
         parser.error("--chains must lie in [1, 50]")
+    return args
 
-    steps = {"toy": 40, "mlp": 3} if args.quick else {"toy": 300, "mlp": 10}
-    repeats = args.repeats or (1 if args.quick else 3)
+
+def measure(
+    args: argparse.Namespace, steps: dict[str, int], repeats: int
+) -> tuple[list[str], list[tuple], tuple[float, float]]:
+    """Time every (threads, target, K), printing the table as it grows; returns its rows, the
+    results ``(case, threads, K, vectorised rate, loop rate)`` and the load average (1 min)
+    before and after the timing."""
     cases = {
         "toy": ("20-D Gaussian, autograd energy", toy_target()),
         "mlp": ("784-40-40-10 MLP, batch 500, N=5000", mlp_target()),
     }
-
     rows = [
         "| target | threads | K | steps | vectorised (chain-steps/s) "
         "| loop of K runs (chain-steps/s) | speed-up |",
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print(rows[0], rows[1], sep="\n", flush=True)
     load_before = os.getloadavg()
-    results = []  # (case, threads, K, vectorised rate, loop rate)
+    results = []
     for threads in args.threads:
         torch.set_num_threads(threads)
         for key, (label, (target, sampler, init)) in cases.items():
@@ -136,20 +141,34 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(row)
                 results.append((key, threads, k, vec, loop))
                 print(row, flush=True)
-    load_after = os.getloadavg()
+    return rows, results, (load_before[0], os.getloadavg()[0])
+
+
+def goals_line(results: list[tuple]) -> str:
+    """Whether the measured rates meet the goals of the vectorised chains."""
     slower = [r for r in results if r[2] > 1 and r[3] < r[4]]
     toy50 = [r[3] / r[4] for r in results if r[0] == "toy" and r[2] == 50]
-    goals = (
+    return (
         "Goals: vectorised not slower than the loop for every K > 1: "
         f"{'yes' if not slower else 'no'}; toy speed-up at K = 50 (goal >= 10x): "
         f"{', '.join(f'{v:.1f}x' for v in toy50) or 'not measured'}."
     )
 
-    command = "cd /work/main && .venv/bin/python speed/" + " ".join(
+
+def command_line(argv: list[str] | None) -> str:
+    """The command that reproduces this run, as the section quotes it."""
+    return "cd /work/main && .venv/bin/python speed/" + " ".join(
         [Path(__file__).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
+
+
+def section_body(
+    rows: list[str], goals: str, repeats: int, command: str, load: tuple[float, float]
+) -> str:
+    """The BENCHMARKS.md section: setup, machine, the table and the notes."""
+    load_before, load_after = load
     cpu = platform.processor() or platform.machine()
-    body = f"""
+    return f"""
 Chain-steps per second (`K * n_steps / wall time`) of SGHMC run by `metasampler.sample` on `K`
 chains at once (one `(K, D)` tensor, one target evaluation per step) against a Python loop
 of `K` separate `sample(..., n_chains=1)` runs. Start positions are precomputed (not timed);
@@ -167,8 +186,8 @@ Command: `{command}`
 
 Machine: {os.cpu_count()} CPU cores ({cpu}), `torch.set_num_threads` as in the table,
 torch {torch.__version__}, Python {platform.python_version()}; run
-{dt.date.today().isoformat()}, load average {load_before[0]:.1f} before and
-{load_after[0]:.1f} after (other engineers' jobs were running on the same cores).
+{dt.date.today().isoformat()}, load average {load_before:.1f} before and
+{load_after:.1f} after (other engineers' jobs were running on the same cores).
 
 {chr(10).join(rows)}
 
@@ -187,9 +206,15 @@ energy and gradient are closed-form rather than autograd (about a quarter less t
 evaluation at K = 50 in that profile), and the flat-parameter layout (`ParamSpec`) is
 built once, so a step does a single split of the `(K, D)` tensor into views.
 """
-    print(
-        f"\ntorch threads: {args.threads}; load average {load_before[0]:.1f} -> {load_after[0]:.1f}"
-    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    steps = {"toy": 40, "mlp": 3} if args.quick else {"toy": 300, "mlp": 10}
+    repeats = args.repeats or (1 if args.quick else 3)
+    rows, results, load = measure(args, steps, repeats)
+    body = section_body(rows, goals_line(results), repeats, command_line(argv), load)
+    print(f"\ntorch threads: {args.threads}; load average {load[0]:.1f} -> {load[1]:.1f}")
     if not (args.quick or args.no_write):
         write_section(args.output, SECTION, body)
         print(f"wrote section to {args.output}")

@@ -229,7 +229,7 @@ def gather_megabytes(work: dict) -> float:
     return slices(s) * s.n_chains * work["problem"]().target.dim * 4 / 1e6
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short runs, no file written")
     parser.add_argument("--repeats", type=int, default=None)
@@ -242,23 +242,28 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
-    args = parser.parse_args(argv)
-    repeats = args.repeats or (1 if args.quick else 2)
+    return parser.parse_args(argv)
 
+
+def measure_setups(
+    threads: list[int], quick: bool, repeats: int
+) -> tuple[dict[str, dict], tuple[float, float]]:
+    """Results per setup (1 process with each thread count, then 2 processes) and the load
+    average (1 min) before and after."""
     load_before = os.getloadavg()
     runs = {}
-    for threads in sorted(set([1, *args.threads])):
-        torch.set_num_threads(threads)
-        runs[f"1 process x {threads} thread{'s' if threads > 1 else ''}"] = measure(
-            args.quick, repeats
-        )
-        print(f"measured 1 process, {threads} thread(s)", flush=True)
+    for n in sorted(set([1, *threads])):
+        torch.set_num_threads(n)
+        runs[f"1 process x {n} thread{'s' if n > 1 else ''}"] = measure(quick, repeats)
+        print(f"measured 1 process, {n} thread(s)", flush=True)
     torch.set_num_threads(1)
-    runs["2 processes x 1 thread (gloo)"] = measure_processes(2, args.quick, repeats)
+    runs["2 processes x 1 thread (gloo)"] = measure_processes(2, quick, repeats)
     print("measured 2 processes", flush=True)
-    load_after = os.getloadavg()
+    return runs, (load_before[0], os.getloadavg()[0])
 
-    works = workloads(args.quick)
+
+def result_tables(runs: dict[str, dict], works: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """The rows of the meta-training and of the sampling table, speeds relative to 1 x 1."""
     base = "1 process x 1 thread"
     train_rows = [
         "| workload | setup | meta-updates/s | chain-steps/s | vs 1 x 1 |",
@@ -278,26 +283,38 @@ def main(argv: list[str] | None = None) -> None:
             sample_rows.append(
                 f"| {work['label']} | {setup} | {chain_steps / seconds:,.0f} | {speed:.2f}x |"
             )
-    print("\n".join(train_rows), "\n", "\n".join(sample_rows), sep="\n")
+    return train_rows, sample_rows
 
-    toy, mlp = works["toy"], works["mlp"]
-    command = "cd /work/main && .venv/bin/python speed/" + " ".join(
+
+def command_line(argv: list[str] | None) -> str:
+    """The command that reproduces this run, as the section quotes it."""
+    return "cd /work/main && .venv/bin/python speed/" + " ".join(
         [Path(__file__).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
-    cpu = platform.processor() or platform.machine()
+
+
+def busy(load: tuple[float, float]) -> bool:
+    """Other jobs kept the 2 cores busy: a load average (before or after) above 1.5."""
+    return max(load) > 1.5
+
+
+def setup_text(
+    works: dict[str, dict],
+    tables: tuple[list[str], list[str]],
+    repeats: int,
+    command: str,
+    load: tuple[float, float],
+) -> str:
+    """The section up to the tables: what was run, on which machine, and the two tables."""
+    toy, mlp = works["toy"], works["mlp"]
     ts, ms = toy["train"], mlp["train"]
-    busy = max(load_before[0], load_after[0]) > 1.5  # other jobs on the 2 cores
+    train_rows, sample_rows = tables
+    load_before, load_after = load
+    cpu = platform.processor() or platform.machine()
     load_remark = (
-        " (other jobs were running on the same cores, so the rows are noisy)" if busy else ""
+        " (other jobs were running on the same cores, so the rows are noisy)" if busy(load) else ""
     )
-    busy_remark = (
-        "; during this run other jobs kept the cores busy (load average above), so a second "
-        "process mostly competed for the same CPU time and the rows measure overhead more than "
-        "scaling"
-        if busy
-        else ""
-    )
-    body = f"""
+    return f"""
 Throughput of meta-training (`MetaTrainer.train`) and sampling (`metasampler.sample` of an
 NNSGHMC sampler, `store=False`) with the chains in one process and sharded across two
 processes, as `torchrun --nproc_per_node=2` runs them (gloo process group on localhost,
@@ -322,7 +339,7 @@ Command: `{command}`
 
 Machine: {os.cpu_count()} CPU cores ({cpu}), torch {torch.__version__}, Python
 {platform.python_version()}; run {dt.date.today().isoformat()}, load average
-{load_before[0]:.1f} before and {load_after[0]:.1f} after{load_remark}.
+{load_before:.1f} before and {load_after:.1f} after{load_remark}.
 
 Meta-training:
 
@@ -331,7 +348,21 @@ Meta-training:
 Sampling:
 
 {chr(10).join(sample_rows)}
+"""
 
+
+def notes_text(works: dict[str, dict], load: tuple[float, float]) -> str:
+    """The section after the tables: what is communicated and how it is expected to scale."""
+    toy, mlp = works["toy"], works["mlp"]
+    ts, ms = toy["train"], mlp["train"]
+    busy_remark = (
+        "; during this run other jobs kept the cores busy (load average above), so a second "
+        "process mostly competed for the same CPU time and the rows measure overhead more than "
+        "scaling"
+        if busy(load)
+        else ""
+    )
+    return f"""
 What is communicated (docs/DISTRIBUTED.md has the details). Sampling: nothing per step; an
 evaluation (`run_method`) exchanges one `(B, C)` log-sum of the chains' predictive
 probabilities per rank at each scoring step plus a status flag, independent of K and D.
@@ -362,7 +393,18 @@ across nodes it matters once D is large — raise `cross_chain_every` (fewer gat
 slices) or shard fewer, bigger GPUs. The replicated Stein step limits scaling only for
 K in the thousands (K^2 D); the meta-gradient all-reduce is negligible at any size.
 """
-    print(f"\nload average {load_before[0]:.1f} -> {load_after[0]:.1f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 2)
+    runs, load = measure_setups(args.threads, args.quick, repeats)
+    works = workloads(args.quick)
+    tables = result_tables(runs, works)
+    print("\n".join(tables[0]), "\n", "\n".join(tables[1]), sep="\n")
+    command = command_line(argv)
+    body = setup_text(works, tables, repeats, command, load) + notes_text(works, load)
+    print(f"\nload average {load[0]:.1f} -> {load[1]:.1f}")
     if not (args.quick or args.no_write):
         write_section(args.output, SECTION, body)
         print(f"wrote section to {args.output}")
