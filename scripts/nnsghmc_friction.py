@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
+
+# The application packages (tasks, experiments) live in the repository, not in the wheel.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -39,14 +39,17 @@ import torch
 from _common import write_section
 from torch import nn
 
-from experiments.run_config import load_config
-from metasampler import distributed
-from metasampler.bayesian import BayesianModel
-from metasampler.config import TrainConfig
-from metasampler.learned import NNSGHMC
-from metasampler.meta.trainer import MetaTrainer
-from metasampler.sampling import sample
-from tasks.registry import Problem, ProblemFamily
+# The application packages (tasks, experiments) live in the repository, not in the wheel.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments.run_config import load_config  # noqa: E402
+from metasampler import distributed  # noqa: E402
+from metasampler.bayesian import BayesianModel  # noqa: E402
+from metasampler.config import TrainConfig  # noqa: E402
+from metasampler.learned import NNSGHMC  # noqa: E402
+from metasampler.meta.trainer import MetaTrainer  # noqa: E402
+from metasampler.sampling import sample  # noqa: E402
+from tasks.registry import Problem, ProblemFamily  # noqa: E402
 
 SECTION = "## Chains sharded across processes (speed/bench_distributed.py)"
 ROOT = Path(__file__).resolve().parents[1]
