@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler = ms.samplers.SGHMC(eta=ETA, friction=1.0)
         else:
             sampler = ms.load_sampler(path, eta=ETA)
+            sampler.use_compile = False  # reproducible run to run (see toy_eval.py)
             learned = ms.load_sampler(path, eta=ETA).double()  # float64 nets for the terms
             print("coefficients:", coefficients(learned, train, test))
             print("shape:", shape(learned, test))

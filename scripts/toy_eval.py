@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.samplers:
         try:
             sampler = ms.load_sampler(path, eta=args.eta)
+            # Eager steps: the default background compile switches paths at a run-dependent
+            # step, which makes two evaluations of one file differ in the last digits.
+            sampler.use_compile = False
         except (FileNotFoundError, ms.SamplerFileError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
