@@ -36,6 +36,7 @@ from metasampler.config import (
     load_structured,
 )
 from tasks.config import MusicDataset, TaskConfig, TaskKind
+from tasks.gaussian import check_spectrum
 
 __all__ = [
     "Backend",
@@ -218,18 +219,18 @@ def _validate(cfg: DictConfig) -> None:
 
 
 def _check_spectrum(section: str, eig_range: Any, spacing: Any) -> None:
-    """``eig_range``: null or ``[low, high]`` with ``0 < low <= high``; ``eig_spacing``: null,
-    ``log`` or ``uniform``."""
-    if eig_range is not None:
-        values = list(eig_range)
-        if not (len(values) == 2 and all(math.isfinite(v) for v in values)) or not (
-            0 < values[0] <= values[1]
-        ):
-            raise ConfigError(
-                f"{section}.eig_range must be [low, high] with 0 < low <= high, got {values!r}"
-            )
-    if spacing not in (None, "log", "uniform"):
-        raise ConfigError(f"{section}.eig_spacing must be log, uniform or null, got {spacing!r}")
+    """``eig_range`` / ``eig_spacing`` of a task section (null: the kind's default), checked by
+    the task code's own :func:`tasks.gaussian.check_spectrum`."""
+    for key, value, check in (
+        ("eig_range", eig_range, lambda v: check_spectrum(list(v), "log")),
+        ("eig_spacing", spacing, lambda v: check_spectrum((1.0, 1.0), v)),
+    ):
+        if value is None:
+            continue
+        try:
+            check(value)
+        except ValueError as err:
+            raise ConfigError(f"{section}.{key}: {err}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:

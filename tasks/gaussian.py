@@ -186,6 +186,20 @@ def _rotation(dim: int, gen: torch.Generator) -> Tensor:
     return q * torch.sign(torch.diagonal(r))
 
 
+def check_spectrum(eig_range: Sequence[float], spacing: str) -> None:
+    """Raise :class:`ValueError` unless ``eig_range`` is ``(lo, hi)`` with ``0 < lo <= hi`` and
+    ``spacing`` is ``"log"`` or ``"uniform"`` (also used by the run config's checks)."""
+    if spacing not in ("log", "uniform"):
+        raise ValueError(f"spacing must be 'log' or 'uniform', got {spacing!r}")
+    if not (
+        isinstance(eig_range, (tuple, list))
+        and len(eig_range) == 2
+        and all(_is_real(v) and math.isfinite(v) for v in eig_range)
+        and 0 < eig_range[0] <= eig_range[1]
+    ):
+        raise ValueError(f"eig_range must be (lo, hi) with 0 < lo <= hi, got {eig_range!r}")
+
+
 def _named_covariance(
     dim: int,
     kind: str,
@@ -200,15 +214,7 @@ def _named_covariance(
         raise ValueError(
             f"cov must be 'identity', 'diagonal', 'correlated', 'wishart' or a tensor, got {kind!r}"
         )
-    if spacing not in ("log", "uniform"):
-        raise ValueError(f"spacing must be 'log' or 'uniform', got {spacing!r}")
-    if not (
-        isinstance(eig_range, (tuple, list))
-        and len(eig_range) == 2
-        and all(_is_real(v) and math.isfinite(v) for v in eig_range)
-        and 0 < eig_range[0] <= eig_range[1]
-    ):
-        raise ValueError(f"eig_range must be (lo, hi) with 0 < lo <= hi, got {eig_range!r}")
+    check_spectrum(eig_range, spacing)
     _positive("wishart_scale", wishart_scale)
     if not (_is_real(eig_floor) and math.isfinite(eig_floor) and eig_floor >= 0):
         raise ValueError(f"eig_floor must be a finite number >= 0, got {eig_floor!r}")
