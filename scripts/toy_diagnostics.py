@@ -20,6 +20,7 @@ Samplers trained with ``task.energy_log_normaliser`` get the energy constant on 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sampler = ms.load_sampler(path, eta=ETA)
             sampler.use_compile = False  # reproducible run to run (see toy_eval.py)
-            learned = ms.load_sampler(path, eta=ETA).double()  # float64 nets for the terms
+            learned = copy.deepcopy(sampler).double()  # float64 nets for the terms
             print("coefficients:", coefficients(learned, train, test))
             print("shape:", shape(learned, test))
         print("stationary:", stationary(sampler, test, args.steps))

@@ -203,7 +203,12 @@ class NNSGHMC(nn.Module, Sampler):
 
     # -- net inputs ----------------------------------------------------------------------------
     def _energy_divisor(self, target: Target) -> float:
-        """What the energy is divided by before it enters the nets: ``N`` or ``N D``."""
+        """What the energy is divided by before it enters the nets: ``N`` or ``N D``.
+
+        SPEC §3 (004 appendix E) feeds the per-datum energy ``U / N``, the default. The
+        per-coordinate option (not in the SPEC) also divides by ``D`` so that a sampler trained
+        on one dimension sees inputs of the same scale on another (docs/RESULTS.md, #11); the
+        chain rule in Gamma uses the same divisor (``du_scale``)."""
         if self.energy_input == "per_coordinate":
             return float(target.n_data * target.dim)
         return float(target.n_data)
