@@ -136,6 +136,14 @@ class NNSGHMCArgs:
         "tanh", "hidden activation of both nets.", check=Activation, section=ARCHITECTURE
     )
     d_output: str = _arg("softplus", "keeps ``f_phiD >= 0``.", check=DOutput, section=ARCHITECTURE)
+    q_momentum_input: bool = _arg(
+        True,
+        "feed ``f_phiQ`` the momentum ``p_i`` as well as the energy (004 eq. 9). ``False``: "
+        "``Q_f = f_phiQ(U)`` is the same for every coordinate of a chain, so ``Gamma_theta = "
+        "0`` and the curl is not re-evaluated at the half step; on the toy transfer it removes "
+        "the stiff-direction bias a momentum-dependent ``Q_f`` learns (docs/RESULTS.md, #11).",
+        check="bool", section=ARCHITECTURE, since=4,
+    )  # fmt: skip
     beta_off: float = _arg(
         0.0, "offset added to ``f_phiQ`` (``Q_f = beta_off + clamp(f_phiQ)``). Paper toy: 0.",
         check="finite",

@@ -17,9 +17,9 @@ round's SGHMC block time.
   784-20-10 MLP (D = 15,910), K = 20, batch 500, 10-unit nets; and the 20-D toy Gaussian,
   K = 50, 40-unit nets. Variants: the default (autograd through the step function) and the
   recomputing backward (``step_path="recompute"``).
-* ``first-use``: a fresh process with an empty inductor cache (``TORCHINDUCTOR_CACHE_DIR``
-  pointing to a new directory) runs 30 steps of the shipped sampler on the MLP, against 30
-  SGHMC steps in another fresh process.
+* ``first-use``: a fresh process with empty compile caches (``TORCHINDUCTOR_CACHE_DIR`` and
+  ``METASAMPLER_CACHE_DIR`` pointing to a new directory) runs 30 steps of the shipped sampler
+  on the MLP, against 30 SGHMC steps in another fresh process.
 
 Usage::
 
@@ -156,6 +156,8 @@ with torch.no_grad():
     for _ in range(29):
         state = s.step(state, target, g)
 t3 = time.perf_counter()
+from metasampler.learned import aot
+aot.stop_builds()  # (a build still running would load the cores during the next measurement)
 print(f"{{t1 - t0:.2f}} {{t2 - t1:.2f}} {{t3 - t1:.2f}}")
 """
 
@@ -164,7 +166,8 @@ def first_use() -> dict[str, list[float]]:
     out = {}
     for kind in ("sghmc", "nnsghmc"):
         with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": "1"}
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": "1",
+                   "METASAMPLER_CACHE_DIR": cache}  # fmt: skip
             env.pop("METASAMPLER_COMPILE", None)
             code = FIRST_USE.format(bench=str(Path(__file__).parent))
             done = subprocess.run(

@@ -14,3 +14,11 @@ torch.set_num_threads(1)
 # moment that depends on the machine (same results only up to float rounding) and load the
 # two cores with compiles: the suite samples eagerly unless a test asks for compile=True.
 os.environ.setdefault("METASAMPLER_COMPILE", "0")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # A compiled step still building when the suite ends would outlive it (its package
+    # goes to a test's temporary directory): stop it.
+    from metasampler.learned import aot
+
+    aot.stop_builds()

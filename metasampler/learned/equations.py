@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -16,7 +17,7 @@ from torch import Tensor
 from ..integrators import complete_recipe_momentum, complete_recipe_position
 from .nets import NetParams, coordinate_mlp
 
-__all__ = ["SCALARS", "StepConfig", "nnsghmc_coefficients", "nnsghmc_update"]
+__all__ = ["SCALARS", "StepArgs", "StepConfig", "nnsghmc_coefficients", "nnsghmc_update"]
 
 # Secant denominators smaller than this (in standardised input units) give a zero derivative.
 _FD_MIN_STEP = 1e-4
@@ -37,6 +38,7 @@ class StepConfig:
     per_step: bool  # friction_units == "per_step"
     clamp_d: bool  # d_clamp is set
     detach: bool  # stop-gradient net inputs
+    q_momentum: bool = True  # f_phiQ takes p_hat (else Q_f = f_phiQ(U): no Gamma_theta)
 
 
 # -- the NNSGHMC equations, written once ------------------------------------------------------
@@ -48,11 +50,15 @@ def _secant(numerator: Tensor, denominator: Tensor) -> Tensor:
 
 
 def _curl(q_net: NetParams, u: Tensor, p_hat: Tensor, v, cfg: StepConfig, wrt: Sequence[int]):
-    """``Q_f = beta_off + clamp(f_phiQ(u, p_hat))`` and ``dQ_f / d(u, p_hat)[wrt]``."""
-    raw, grads = coordinate_mlp(q_net, [u, p_hat], cfg.activation, "identity", wrt)
+    """``Q_f = beta_off + clamp(f_phiQ(u, p_hat))`` and ``dQ_f / d(u, p_hat)[wrt]``, at the
+    shape of ``p_hat``; without the momentum input ``dQ_f / dp_hat`` is ``None`` (zero)."""
+    inputs = [u, p_hat] if cfg.q_momentum else [u]
+    present = [f for f in wrt if f < len(inputs)]
+    raw, grads = coordinate_mlp(q_net, inputs, cfg.activation, "identity", present)
     inside = raw.abs() < v["q_clamp"]
     q = raw.clamp(-v["q_clamp"], v["q_clamp"]) + v["beta_off"]
-    return q, [torch.where(inside, g, 0.0) for g in grads]
+    grads = [torch.where(inside, g, 0.0).expand_as(p_hat) for g in grads]
+    return q.expand_as(p_hat), grads + [None] * (len(wrt) - len(present))
 
 
 def nnsghmc_coefficients(
@@ -97,7 +103,10 @@ def nnsghmc_coefficients(
         dfd_dph = _secant(fd - fd_prev, p_hat - p_hat_prev)
     else:
         return q, d, None, None
-    dd_dph = factor * (v["s_d"] * dfd_dph + 2.0 * v["alpha"] * q * dq_dph)
+    dd_dph = v["s_d"] * dfd_dph
+    if dq_dph is not None:
+        dd_dph = dd_dph + 2.0 * v["alpha"] * q * dq_dph
+    dd_dph = factor * dd_dph
     return q, d, dq_du * du + dd_dph * v["inv_sp"], dq_dph
 
 
@@ -141,13 +150,42 @@ def nnsghmc_update(
     if cfg.detach:
         new_p_hat = new_p_hat.detach()
     exact = cfg.gamma == "exact"
-    q_tilde, dq = _curl(q_net, u, new_p_hat, v, cfg, (1,) if exact else ())
-    new_cache = None
-    if exact:
-        dqt_dph = dq[0]
-    elif cfg.gamma == "finite_difference":
-        dqt_dph = _secant(q_tilde - q, new_p_hat - p_hat)
-        new_cache = (u, q_tilde, p_hat, dqt_dph)
-    gamma_theta = None if cfg.gamma == "none" else -dqt_dph * v["inv_sp"]
+    q_tilde, dqt_dph, new_cache = q, None, None  # Q_f(z~) = Q_f(z) without the momentum input
+    if cfg.q_momentum:
+        q_tilde, dq = _curl(q_net, u, new_p_hat, v, cfg, (1,) if exact else ())
+        dqt_dph = dq[0] if exact else None
+    if cfg.gamma == "finite_difference":
+        if cfg.q_momentum:
+            dqt_dph = _secant(q_tilde - q, new_p_hat - p_hat)
+        new_cache = (u, q_tilde, p_hat, torch.zeros_like(q) if dqt_dph is None else dqt_dph)
+    gamma_theta = None if dqt_dph is None else -dqt_dph * v["inv_sp"]
     new_theta = complete_recipe_position(theta, new_p, q_tilde, gamma_theta, eta, temperature)
     return new_theta, new_p, q.sum() + d.sum(), new_cache
+
+
+class StepArgs(NamedTuple):
+    """The arguments of :func:`nnsghmc_update`, in its order."""
+
+    theta: Tensor
+    p: Tensor
+    grad: Tensor
+    prior_grad: Tensor | None
+    u: Tensor
+    noise: Tensor | None
+    cache: tuple[Tensor, Tensor, Tensor, Tensor] | None
+    q_net: Any
+    d_net: Any
+    v: dict[str, float]
+    cfg: Any
+
+    def columns(self, cols: slice) -> StepArgs:
+        """The same step restricted to the coordinate columns ``cols``."""
+
+        def cut(x: Tensor | None) -> Tensor | None:
+            return x if x is None or x.shape[-1] == 1 else x[..., cols]
+
+        cache = None if self.cache is None else tuple(cut(x) for x in self.cache)
+        return self._replace(
+            theta=cut(self.theta), p=cut(self.p), grad=cut(self.grad),
+            prior_grad=cut(self.prior_grad), u=cut(self.u), noise=cut(self.noise), cache=cache,
+        )  # fmt: skip

@@ -3,14 +3,15 @@
 The step is one pure, element-wise function of the coordinates
 (:func:`metasampler.learned.equations.nnsghmc_update`). This module only decides how to run it:
 
-* **compiled** (sampling, the default where the machine allows it): ``torch.compile`` of
-  that function, fused by inductor into one loop over the coordinates. It is compiled in a
-  background thread on the first step while the eager form runs, and used from the step
-  after it is ready, so a user's first step never waits for the compiler. Without a C++
-  compiler (CPU) or triton (CUDA) the eager form runs, after a one-line notice. The switch
-  changes results at float-rounding level at a step that depends on the machine; for
-  bit-reproducible runs pass ``compile=True`` (wait for it) or ``False``, or set the
-  environment variable ``METASAMPLER_COMPILE`` to ``1`` or ``0``.
+* **compiled** (sampling, the default where the machine allows it): that function exported
+  and compiled by AOTInductor into one fused loop over the coordinates
+  (:mod:`metasampler.learned.aot`). The first use of a configuration builds it in a child
+  process while the eager form runs, and uses it from the step after it is ready, so a
+  user's first step never waits for the compiler; later processes load the cached build at
+  once. Without a C++ compiler (CPU) or triton (CUDA) the eager form runs, after a one-line
+  notice. The switch changes results at float-rounding level at a step that depends on the
+  machine; for bit-reproducible runs pass ``compile=True`` (wait for it) or ``False``, or set
+  the environment variable ``METASAMPLER_COMPILE`` to ``1`` or ``0``.
 * **blocks** (sampling, eager): the function on blocks of columns whose ``(H, K, cols)``
   hidden activations stay in cache; same values as one call.
 * **recompute** (``step_path="recompute"``, grad enabled): a
@@ -28,16 +29,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import threading
-import types
-import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from .equations import SCALARS, nnsghmc_update
+from . import aot
+from .equations import StepArgs, nnsghmc_update
 
 __all__ = ["StepArgs", "PATHS", "run", "compile_unavailable", "wait_for_compiles"]
 
@@ -47,34 +46,6 @@ PATHS = ("auto", "plain", "blocks", "recompute", "compiled")
 _BLOCK_COORDS = 1 << 14
 # The first entries of `_flatten`'s list: theta, p, grad, prior_grad, u, noise, cache x 4.
 _N_COORDS = 10
-
-
-class StepArgs(NamedTuple):
-    """The arguments of :func:`nnsghmc_update`, in its order."""
-
-    theta: Tensor
-    p: Tensor
-    grad: Tensor
-    prior_grad: Tensor | None
-    u: Tensor
-    noise: Tensor | None
-    cache: tuple[Tensor, Tensor, Tensor, Tensor] | None
-    q_net: Any
-    d_net: Any
-    v: dict[str, float]
-    cfg: Any
-
-    def columns(self, cols: slice) -> StepArgs:
-        """The same step restricted to the coordinate columns ``cols``."""
-
-        def cut(x: Tensor | None) -> Tensor | None:
-            return x if x is None or x.shape[-1] == 1 else x[..., cols]
-
-        cache = None if self.cache is None else tuple(cut(x) for x in self.cache)
-        return self._replace(
-            theta=cut(self.theta), p=cut(self.p), grad=cut(self.grad),
-            prior_grad=cut(self.prior_grad), u=cut(self.u), noise=cut(self.noise), cache=cache,
-        )  # fmt: skip
 
 
 def _column_blocks(args: StepArgs) -> list[slice]:
@@ -200,16 +171,9 @@ def run_recompute(args: StepArgs) -> tuple:
     return out[0], out[1], out[2], cache
 
 
-# -- compiled --------------------------------------------------------------------------------
-_KERNELS: dict[tuple, Callable] = {}
-_STATUS: dict[tuple, str] = {}  # "compiling" | "ready" | "failed"
-_THREADS: dict[tuple, threading.Thread] = {}
-_LOCK = threading.Lock()
-_NOTICE_GIVEN = False
-
-
+# -- compiled ----------------------------------------------------------------------------------
 def compile_unavailable(device: torch.device) -> str | None:
-    """Why ``torch.compile`` cannot run the step on ``device``; ``None`` if it can."""
+    """Why the compiled step cannot run on ``device``; ``None`` if it can."""
     if sys.platform == "win32":
         return "torch.compile's inductor is not set up for Windows here"
     if device.type == "cpu":
@@ -225,97 +189,13 @@ def compile_unavailable(device: torch.device) -> str | None:
     return f"no torch.compile backend for device {device.type!r}"
 
 
-def _entry(theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, scalars, cfg):
-    """What is compiled: :func:`nnsghmc_update` with its scalars in one tensor (a Python float
-    would be specialised: a new compile for every step size of a schedule)."""
-    v = dict(zip(SCALARS, scalars.unbind(0), strict=True))
-    return nnsghmc_update(theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, cfg)
-
-
-def _kernel_args(args: StepArgs) -> tuple:
-    """Compiled-call arguments: scalars as a tensor, the per-chain energy at full size (a
-    ``(K, 1)`` operand would split the fused loop in two), every dimension dynamic."""
-    p = args.p
-    scalars = torch.tensor([float(args.v[k]) for k in SCALARS], dtype=p.dtype, device=p.device)
-
-    def full(x: Tensor) -> Tensor:
-        return x.expand(p.shape).contiguous() if x.shape != p.shape else x
-
-    cache = None
-    if args.cache is not None:
-        cache = (full(args.cache[0]), *args.cache[1:])
-    out = (args.theta, p, args.grad, args.prior_grad, full(args.u), args.noise, cache,
-           args.q_net, args.d_net, scalars, args.cfg)  # fmt: skip
-    for t in (*out[:6], *(cache or ())):
-        if t is not None:
-            for dim in range(t.ndim):
-                torch._dynamo.maybe_mark_dynamic(t, dim)
-    return out
-
-
-def _key(args: StepArgs) -> tuple:
-    widths = tuple(w.shape[0] for w, _ in args.q_net[0]) + tuple(
-        w.shape[0] for w, _ in args.d_net[0]
-    )
-    return (args.cfg, widths, args.p.dtype, args.p.device.type, args.prior_grad is not None,
-            args.noise is not None, args.cache is not None, torch.get_num_threads())  # fmt: skip
-
-
-def _kernel(key: tuple) -> Callable:
-    fn = _KERNELS.get(key)
-    if fn is None:
-        # Each configuration gets its own copy of the code object: dynamo counts recompiles
-        # (limit 8) per code object, so configurations used in one process do not evict
-        # each other.
-        copy = types.FunctionType(_entry.__code__.replace(), _entry.__globals__, "_entry")
-        fn = torch.compile(copy, dynamic=None, fullgraph=True)
-        _KERNELS[key] = fn
-    return fn
-
-
-def _compile(key: tuple, kernel_args: tuple) -> None:
-    try:
-        with torch.no_grad():
-            _kernel(key)(*kernel_args)
-        _STATUS[key] = "ready"
-    except Exception as err:  # no compiler, unsupported op, ...: stay on the eager step
-        _STATUS[key] = "failed"
-        warnings.warn(
-            f"NNSGHMC: the compiled step failed ({type(err).__name__}: {err}); "
-            "using the eager step",
-            stacklevel=2,
-        )
-
-
-def run_compiled(args: StepArgs, wait: bool) -> tuple | None:
-    """The compiled step, or ``None`` while it is compiling (``wait=False``) or failed."""
-    key = _key(args)
-    status = _STATUS.get(key)
-    if status == "ready":
-        return _kernel(key)(*_kernel_args(args))
-    if status == "failed":
-        return None
-    with _LOCK:
-        if key not in _THREADS:
-            _STATUS[key] = "compiling"
-            thread = threading.Thread(
-                target=_compile,
-                args=(key, _kernel_args(args)),
-                daemon=True,
-                name="nnsghmc-compile",
-            )
-            _THREADS[key] = thread
-            thread.start()
-    if wait:
-        _THREADS[key].join()
-        return run_compiled(args, wait=False)
-    return None
-
-
 def wait_for_compiles(timeout: float | None = None) -> None:
-    """Block until every background compile has finished (benchmarks, tests)."""
-    for thread in list(_THREADS.values()):
-        thread.join(timeout)
+    """Block until every background build of a compiled step has finished (benchmarks,
+    tests)."""
+    aot.wait_for_builds(timeout)
+
+
+_NOTICE_GIVEN = False
 
 
 def _notice(reason: str) -> None:
@@ -347,7 +227,7 @@ def run(args: StepArgs, sampler: Any) -> tuple:
     if path == "compiled" or (path == "auto" and use is not False):
         reason = compile_unavailable(args.p.device)
         if reason is None:
-            out = run_compiled(args, wait=path == "compiled" or use is True)
+            out = aot.run(args, wait=path == "compiled" or use is True)
             if out is not None:
                 return out
         elif use is None:

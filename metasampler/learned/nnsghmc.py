@@ -82,7 +82,7 @@ from ..schedules import Schedule
 from ..stepsize import resolve_eta
 from ..targets import Evaluation, Target
 from .equations import StepConfig, nnsghmc_coefficients
-from .fast import StepArgs
+from .equations import StepArgs
 from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
 
@@ -121,11 +121,13 @@ class NNSGHMC(nn.Module, Sampler):
             temperature, schedule: as for every sampler.
             seed: seeds the nets' initial weights.
             compile: how sampling steps (under ``torch.no_grad()``) run. ``None`` (default): the
-                same step function compiled by ``torch.compile`` (one fused loop over the
-                coordinates) where the machine allows it (CPU: a C++ compiler; CUDA: triton),
-                compiled in a background thread while correct eager steps run, then used;
-                otherwise the eager step, with a one-line notice. ``True``: compile now and wait
-                (first step pays the compile: seconds with a warm cache, up to a minute cold).
+                same step function compiled ahead of time by AOTInductor (one fused loop over
+                the coordinates) where the machine allows it (CPU: a C++ compiler; CUDA:
+                triton), built in a child process while correct eager steps run, then used,
+                and cached on disk for later processes (:mod:`metasampler.learned.aot`);
+                otherwise the eager step, with a one-line notice. ``True``: wait for the
+                compiled step (the first use of a configuration pays the build, about a
+                minute; a cached one loads in milliseconds).
                 ``False``: always eager. Not part of the exported sampler; settable on a loaded
                 one through the ``use_compile`` attribute. Meta-training steps (grad enabled)
                 run the same function eagerly with autograd; ``step_path`` (attribute: "auto",
@@ -161,7 +163,8 @@ class NNSGHMC(nn.Module, Sampler):
                 "the posterior. Use it only as a diagnostic.",
                 stacklevel=2,
             )
-        self.f_q = CoordinateMLP(2, args.q_hidden, args.activation, "identity")
+        q_inputs = 2 if args.q_momentum_input else 1  # (U, p_i) or U alone
+        self.f_q = CoordinateMLP(q_inputs, args.q_hidden, args.activation, "identity")
         self.f_d = CoordinateMLP(3, args.d_hidden, args.activation, args.d_output)
         if seed is not None:
             generator = torch.Generator().manual_seed(int(seed))
@@ -198,6 +201,7 @@ class NNSGHMC(nn.Module, Sampler):
             d_hidden=tuple(self.f_d.hidden),
             activation=self.f_q.activation,
             d_output=self.f_d.output,
+            q_momentum_input=self.f_q.in_features == 2,
             **{f.name: getattr(self, f.name) for f in arg_fields(CONSTANTS)},
         )
 
@@ -256,6 +260,7 @@ class NNSGHMC(nn.Module, Sampler):
             per_step=self.friction_units == "per_step",
             clamp_d=self.d_clamp is not None,
             detach=detach,
+            q_momentum=self.f_q.in_features == 2,
         )
 
     def _nets(self, dtype: torch.dtype | None = None) -> tuple[NetParams, NetParams]:
@@ -293,7 +298,8 @@ class NNSGHMC(nn.Module, Sampler):
             u, momentum * v["inv_sp"], ev.grad * v["g_scale"], du * v["du_scale"],
             *self._nets(momentum.dtype), v, self._config("exact", detach=False),
         )  # fmt: skip
-        return DriftTerms(q, d, -dq_dph * v["inv_sp"], gamma_p)
+        gamma_theta = torch.zeros_like(q) if dq_dph is None else -dq_dph * v["inv_sp"]
+        return DriftTerms(q, d, gamma_theta, gamma_p)
 
     # -- sampler protocol -------------------------------------------------------------------
     def _init_extras(

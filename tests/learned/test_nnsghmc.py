@@ -93,12 +93,17 @@ def split_prior_sampler(**kwargs) -> NNSGHMC:
     return sampler
 
 
-@pytest.mark.parametrize("hidden", [(8,), (8, 6)])
-def test_exact_gamma_equals_brute_force_jacobian(hidden):
+@pytest.mark.parametrize(
+    ("hidden", "q_momentum_input"), [((8,), True), ((8, 6), True), ((8,), False)]
+)
+def test_exact_gamma_equals_brute_force_jacobian(hidden, q_momentum_input):
     torch.manual_seed(0)
     target = SplitPriorTarget()
     # Non-trivial input statistics and prior scaling: every factor must enter the chain rule.
-    sampler = split_prior_sampler(q_hidden=hidden, energy_input_scale=0.7, grad_input_scale=1.3)
+    sampler = split_prior_sampler(
+        q_hidden=hidden, energy_input_scale=0.7, grad_input_scale=1.3,
+        q_momentum_input=q_momentum_input,
+    )  # fmt: skip
     sampler.energy_loc.fill_(0.2)
     sampler.energy_std.fill_(2.0)
     for _ in range(3):
@@ -178,6 +183,30 @@ def test_stationarity_with_state_dependent_nets_and_bias_without_gamma(task):
     assert var_errors["none"] > 2 * max(var_errors["exact"], var_errors["finite_difference"]), (
         var_errors
     )
+
+
+@pytest.mark.slow
+def test_stationarity_with_an_energy_only_curl_and_bias_without_gamma():
+    # q_momentum_input=False: Q_f(U) has no momentum derivative, so Gamma_theta = 0, but
+    # Gamma_p keeps dQ_f/dU * dU/dtheta and the friction's momentum derivative.
+    case = random_gaussian(dim=5)
+    target = case.target()
+    errors = {}
+    for mode in ("exact", "finite_difference", "none"):
+        sampler = strongly_state_dependent(
+            mode, eta=0.03, beta_off=1.0, c=0.2, q_momentum_input=False
+        )
+        kept = run_kept(sampler, target)
+
+        def check(kept=kept):
+            return check_moments(kept, case.mean, case.cov, mean_atol=0.05, var_rtol=0.07)
+
+        if mode == "none":
+            must_fail(check, "the chain ran without Gamma")
+        else:
+            check()
+        errors[mode] = moments(kept, case.mean, case.cov).max_var_error
+    assert errors["none"] > 2 * max(errors["exact"], errors["finite_difference"]), errors
 
 
 def test_finite_difference_guards_zero_denominators():
@@ -265,13 +294,17 @@ def path_sampler(hidden, gamma, **kwargs) -> NNSGHMC:
 @pytest.mark.parametrize("hidden", [(6,), (5, 4)])
 @pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
-def test_plain_blocked_and_recomputed_steps_agree(hidden, gamma, temperature, monkeypatch):
+@pytest.mark.parametrize("q_momentum_input", [True, False])
+def test_plain_blocked_and_recomputed_steps_agree(
+    hidden, gamma, temperature, q_momentum_input, monkeypatch
+):
     from metasampler.learned import fast
 
     monkeypatch.setattr(fast, "_BLOCK_COORDS", 8)  # several column blocks of 2 coordinates
     target = SplitPriorTarget()
     init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     kwargs = dict(eta=0.05, beta_off=0.5, alpha=0.2, c=0.1, temperature=temperature)
+    kwargs["q_momentum_input"] = q_momentum_input
     states = {}
     for path, grad in (("plain", False), ("blocks", False), ("recompute", True)):
         sampler = path_sampler(hidden, gamma, **kwargs).double()
@@ -328,13 +361,19 @@ def test_recomputing_backward_equals_autograd_and_finite_differences(gamma, deta
 @pytest.mark.parametrize(
     ("hidden", "gamma"), [((4,), "exact"), ((4,), "finite_difference"), ((3, 3), "exact")]
 )
-def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma):
-    # compile=True runs the same step function through torch.compile (inductor); it must
-    # give the eager trajectory up to float32 rounding, and must not have fallen back.
-    from metasampler.learned import fast
+def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, tmp_path, monkeypatch):
+    # compile=True runs the same step function compiled ahead of time (AOTInductor, built in
+    # a child process); it must give the eager trajectory up to float32 rounding, must not
+    # have fallen back, and a later process (here: a cleared registry) loads the cached
+    # package without building it again.
+    from metasampler.learned import aot, fast
 
     if fast.compile_unavailable(torch.device("cpu")):
-        pytest.skip("no compiler for torch.compile")
+        pytest.skip("no compiler for the compiled step")
+    monkeypatch.setenv(aot.CACHE_ENV, str(tmp_path))
+    for name in ("_RUNNERS", "_BUILDS"):
+        monkeypatch.setattr(aot, name, {})
+    monkeypatch.setattr(aot, "_FAILED", set())
     target, _ = quadratic_target(noise=0.5)
     init = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
     kwargs = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2)
@@ -342,8 +381,106 @@ def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma):
     compiled = path_sampler(hidden, gamma, compile=True, **kwargs)
     expected = run_path(eager, "auto", target, init, n_steps=30)
     got = run_path(compiled, "compiled", target, init, n_steps=30)
-    assert fast._STATUS and all(s == "ready" for s in fast._STATUS.values())
+    assert len(aot._RUNNERS) == 1 and not aot._FAILED
     torch.testing.assert_close(got.theta, expected.theta, atol=1e-4, rtol=1e-4)
+    aot._RUNNERS.clear()
+    monkeypatch.setattr(aot, "_start", lambda *a: pytest.fail("rebuilt a cached package"))
+    again = run_path(compiled, "compiled", target, init, n_steps=30)
+    torch.testing.assert_close(again.theta, got.theta, atol=0, rtol=0)
+
+
+def test_an_altered_compiled_package_is_deleted_not_loaded(tmp_path):
+    from metasampler.learned import aot
+
+    package = tmp_path / "step.pt2"
+    package.write_bytes(b"compiled code")
+    aot._checksum_path(package).write_text(aot._sha256(package))
+    assert aot._intact(package)
+    package.write_bytes(b"compiled code, altered")
+    with pytest.warns(UserWarning, match="does not match its checksum"):
+        assert not aot._intact(package)
+    assert not package.exists() and not aot._checksum_path(package).exists()
+    package.write_bytes(b"no checksum beside it")
+    assert not aot._intact(package)
+
+
+class _HeldBuild:
+    """Stands in for the build's child process until ``done`` is set."""
+
+    def __init__(self, spec):
+        self.spec, self.done, self.returncode = spec, False, None
+
+    def poll(self):
+        self.returncode = 0 if self.done else None
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self.done = True
+        return self.poll()
+
+
+def test_default_compiles_in_the_background_and_switches_when_ready(monkeypatch):
+    # The dispatch without a compiler: the build is held until the first steps have run
+    # eagerly, and the "package" runs the uncompiled flat entry point.
+    from metasampler.learned import aot, fast
+
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
+    for name in ("_RUNNERS", "_BUILDS"):
+        monkeypatch.setattr(aot, name, {})
+    builds, calls = [], []
+
+    def start(spec, package):
+        builds.append(_HeldBuild(spec))
+        return builds[-1]
+
+    def load(key, package):
+        def runner(*flat):
+            calls.append(key)
+            return aot.step_from_flat(builds[-1].spec, *flat)
+
+        aot._RUNNERS[key] = runner
+        return runner
+
+    monkeypatch.setattr(aot, "_start", start)
+    monkeypatch.setattr(aot, "_intact", lambda package: bool(builds) and builds[-1].done)
+    monkeypatch.setattr(aot, "_load", load)
+    target, _ = quadratic_target(noise=0.5)
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2)
+    reference = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=False)
+    gen, ref_gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        state = sampler.init(init.clone(), target, gen)
+        ref = reference.init(init.clone(), target, ref_gen)
+        for _ in range(2):  # do not wait for the build
+            state = sampler.step(state, target, gen)
+            ref = reference.step(ref, target, ref_gen)
+        assert calls == [] and len(builds) == 1 and len(aot._BUILDS) == 1
+        builds[0].done = True
+        for _ in range(3):
+            state = sampler.step(state, target, gen)
+            ref = reference.step(ref, target, ref_gen)
+    assert len(calls) == 3 and len(builds) == 1 and aot._BUILDS == {}
+    torch.testing.assert_close(state.theta, ref.theta)
+
+
+def test_without_a_compiler_the_eager_step_runs_after_a_notice(monkeypatch, capsys):
+    from metasampler.learned import aot, fast
+
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast.shutil, "which", lambda name: None)
+    monkeypatch.setattr(fast, "_NOTICE_GIVEN", False)
+    monkeypatch.setattr(aot, "_BUILDS", {})
+    target, _ = quadratic_target()
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2)
+    reference = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=False)
+    got = ms.sample(sampler, target, 4, 5, init=init, seed=0, progress=False).theta
+    expected = ms.sample(reference, target, 4, 5, init=init, seed=0, progress=False).theta
+    assert torch.equal(got, expected) and aot._BUILDS == {}
+    err = capsys.readouterr().err
+    assert err.count("metasampler: NNSGHMC runs its eager step (no C++ compiler") == 1
 
 
 # -- d_clamp, grad_input, friction_units (issue #11 item 2) --------------------------------------
@@ -436,65 +573,3 @@ def test_stationarity_with_binding_friction_clamp(gamma):
     theta = ms.sample(sampler, target, 200, 300, seed=1, progress=False).theta[-1]
     d = sampler.drift_terms(theta, torch.randn(theta.shape), target).d
     assert 0.2 < float((d == 1.0).double().mean()) < 0.8  # the clamp really binds
-
-
-def test_default_compiles_in_the_background_and_switches_when_ready(monkeypatch):
-    # The dispatch without inductor: `_kernel` stands in with the uncompiled entry point, and
-    # the background thread is held until the first step has run eagerly.
-    import threading
-
-    from metasampler.learned import fast
-
-    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
-    monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
-    for name in ("_STATUS", "_THREADS", "_KERNELS"):
-        monkeypatch.setattr(fast, name, {})
-    release, calls = threading.Event(), []
-
-    def kernel(key):
-        def run(*args):
-            if threading.current_thread() is not threading.main_thread():
-                release.wait(10)
-            calls.append(threading.current_thread().name)
-            return fast._entry(*args)
-
-        return run
-
-    monkeypatch.setattr(fast, "_kernel", kernel)
-    target, _ = quadratic_target(noise=0.5)
-    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
-    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2)
-    reference = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=False)
-    gen, ref_gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        state = sampler.init(init.clone(), target, gen)
-        ref = reference.init(init.clone(), target, ref_gen)
-        state = sampler.step(state, target, gen)  # does not wait for the compile
-        ref = reference.step(ref, target, ref_gen)
-        assert calls == [] and list(fast._STATUS.values()) == ["compiling"]
-        release.set()
-        fast.wait_for_compiles(10)
-        assert list(fast._STATUS.values()) == ["ready"]
-        for _ in range(3):
-            state = sampler.step(state, target, gen)
-            ref = reference.step(ref, target, ref_gen)
-    assert calls.count("MainThread") == 3 and calls.count("nnsghmc-compile") == 1
-    torch.testing.assert_close(state.theta, ref.theta)
-
-
-def test_without_a_compiler_the_eager_step_runs_after_a_notice(monkeypatch, capsys):
-    from metasampler.learned import fast
-
-    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
-    monkeypatch.setattr(fast.shutil, "which", lambda name: None)
-    monkeypatch.setattr(fast, "_NOTICE_GIVEN", False)
-    monkeypatch.setattr(fast, "_THREADS", {})
-    target, _ = quadratic_target()
-    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
-    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2)
-    reference = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=False)
-    got = ms.sample(sampler, target, 4, 5, init=init, seed=0, progress=False).theta
-    expected = ms.sample(reference, target, 4, 5, init=init, seed=0, progress=False).theta
-    assert torch.equal(got, expected) and fast._THREADS == {}
-    err = capsys.readouterr().err
-    assert err.count("metasampler: NNSGHMC runs its eager step (no C++ compiler") == 1

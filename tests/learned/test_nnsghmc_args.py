@@ -22,7 +22,7 @@ NON_DEFAULT = dict(
     alpha=0.1, c=0.2, q_clamp=3.0, d_output_scale=2.0, energy_input_scale=1.5,
     grad_input_scale=70.0, gamma="finite_difference", momentum_init="zeros",
     detach_inputs=False, d_clamp=5.0, grad_input="per_datum", friction_units="per_step",
-    energy_input="per_coordinate",
+    energy_input="per_coordinate", q_momentum_input=False,
 )  # fmt: skip
 
 

@@ -1,0 +1,327 @@
+"""The compiled NNSGHMC step, built ahead of time in a child process (AOTInductor).
+
+The compiled step is :func:`~metasampler.learned.equations.nnsghmc_update` itself, exported
+with :func:`torch.export.export` and compiled by AOTInductor into a package file: one fused
+loop over the coordinates. It is built in a **child process**, not a thread of the user's
+process: tracing holds the interpreter lock, and a compile thread starved the user's eager
+steps (a 36-46 s first step, ``BENCHMARKS.md``). While the child builds, the user's steps run
+eagerly at full speed; the package is loaded (milliseconds) as soon as it is there, and the next
+process with the same configuration loads it at once.
+
+A package is keyed by everything it bakes in: the step's switches, the nets' widths, which
+optional inputs are present, dtype, device, thread count, the torch and Python versions and a
+hash of the source files whose code it contains, so an upgrade never loads a stale kernel.
+Packages live in ``$METASAMPLER_CACHE_DIR`` (default ``~/.cache/metasampler/compiled``). The
+SHA-256 written beside each one is checked before loading: a truncated or altered file is
+deleted and rebuilt, never loaded. A child still building when the user's script ends finishes
+its package for the next run.
+
+Run as ``python -m metasampler.learned.aot SPEC_JSON PACKAGE`` it builds one package (what
+the child does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..files import atomic_write_text
+from .equations import SCALARS, StepArgs, StepConfig, nnsghmc_update
+
+__all__ = ["KernelSpec", "cache_dir", "run", "stop_builds", "wait_for_builds"]
+
+CACHE_ENV = "METASAMPLER_CACHE_DIR"
+# The files whose code a package contains: a change to any of them gives new keys.
+_SOURCES = ("equations.py", "nets.py", "aot.py", "../integrators.py")
+# Example sizes for export: K != D and both > 1, so neither is specialised to a constant.
+_EXAMPLE_K, _EXAMPLE_D = 3, 7
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What one compiled package bakes in (its inputs are tensors of any ``(K, D)``)."""
+
+    cfg: StepConfig
+    q_widths: tuple[int, ...]
+    d_widths: tuple[int, ...]
+    dtype: str
+    device: str
+    prior: bool
+    noise: bool
+    cache: bool
+    threads: int
+
+    @classmethod
+    def of(cls, args: StepArgs) -> KernelSpec:
+        """The package a step with these arguments needs."""
+        return cls(
+            cfg=args.cfg,
+            q_widths=tuple(int(w.shape[0]) for w, _ in args.q_net[0]),
+            d_widths=tuple(int(w.shape[0]) for w, _ in args.d_net[0]),
+            dtype=str(args.p.dtype).removeprefix("torch."),
+            device=args.p.device.type,
+            prior=args.prior_grad is not None,
+            noise=args.noise is not None,
+            cache=args.cache is not None,
+            threads=torch.get_num_threads(),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> KernelSpec:
+        raw = json.loads(text)
+        raw["cfg"] = StepConfig(**raw["cfg"])
+        for name in ("q_widths", "d_widths"):
+            raw[name] = tuple(raw[name])
+        return cls(**raw)
+
+    def digest(self) -> str:
+        """The package's cache key."""
+        h = hashlib.sha256(self.to_json().encode())
+        h.update(f"{torch.__version__} {sys.version} {platform.machine()}".encode())
+        here = Path(__file__).parent
+        for name in _SOURCES:
+            h.update((here / name).read_bytes())
+        return h.hexdigest()[:32]
+
+
+# -- the flat calling convention of a package ----------------------------------------------
+def _net_tensors(net) -> list[Tensor]:
+    layers, head = net
+    return [t for pair in (*layers, head) for t in pair]
+
+
+def _net_from(it: Iterator[Tensor], n_layers: int):
+    layers = tuple((next(it), next(it)) for _ in range(n_layers))
+    return layers, (next(it), next(it))
+
+
+def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
+    """The package's inputs: coordinate tensors ``(K, D)`` (the per-chain energy expanded: a
+    ``(K, 1)`` operand would split the fused loop), the scalars as one tensor (a float would be
+    baked in), then the nets' weights."""
+    p = args.p
+
+    def full(x: Tensor) -> Tensor:
+        return x.expand(p.shape).contiguous() if x.shape != p.shape else x
+
+    flat = [args.theta, p, args.grad]
+    flat += [args.prior_grad] if spec.prior else []
+    flat += [full(args.u)]
+    flat += [args.noise] if spec.noise else []
+    flat += [full(args.cache[0]), *args.cache[1:]] if spec.cache else []
+    flat.append(torch.tensor([float(args.v[k]) for k in SCALARS], dtype=p.dtype, device=p.device))
+    return flat + _net_tensors(args.q_net) + _net_tensors(args.d_net)
+
+
+def step_from_flat(spec: KernelSpec, *flat: Tensor) -> tuple[Tensor, ...]:
+    """:func:`nnsghmc_update` on :func:`flat_inputs`; returns ``(theta, p, check)`` and, for
+    finite differences, the cache's last three entries (its first is the energy input)."""
+    it = iter(flat)
+    theta, p, grad = next(it), next(it), next(it)
+    prior_grad = next(it) if spec.prior else None
+    u = next(it)
+    noise = next(it) if spec.noise else None
+    cache = tuple(next(it) for _ in range(4)) if spec.cache else None
+    v = dict(zip(SCALARS, next(it).unbind(0), strict=True))
+    q_net = _net_from(it, len(spec.q_widths))
+    d_net = _net_from(it, len(spec.d_widths))
+    out = nnsghmc_update(theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, spec.cfg)
+    return out[:3] + (() if out[3] is None else tuple(out[3][1:]))
+
+
+class _Step(torch.nn.Module):
+    def __init__(self, spec: KernelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+    def forward(self, *flat: Tensor) -> tuple[Tensor, ...]:
+        return step_from_flat(self.spec, *flat)
+
+
+def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], int]:
+    """Inputs of the right structure for export, and how many are coordinate tensors."""
+    dtype, device = getattr(torch, spec.dtype), torch.device(spec.device)
+    n_coords = 4 + spec.prior + spec.noise + 4 * spec.cache
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(shape, generator=gen, dtype=dtype).to(device)
+
+    flat = [randn(_EXAMPLE_K, _EXAMPLE_D) for _ in range(n_coords)]
+    flat.append(torch.rand(len(SCALARS), generator=gen, dtype=dtype).to(device) + 0.5)
+    for n_in, widths in ((2, spec.q_widths), (3, spec.d_widths)):
+        for w in widths:
+            flat += [randn(w, n_in), randn(w)]
+            n_in = w
+        flat += [randn(n_in), randn()]
+    return flat, n_coords
+
+
+def build(spec: KernelSpec, package: Path) -> None:
+    """Export and compile the step for ``spec`` into ``package`` (with its checksum)."""
+    torch.set_num_threads(spec.threads)
+    flat, n_coords = _example_inputs(spec)
+    k, d = torch.export.Dim("K", min=2), torch.export.Dim("D", min=2)
+    shapes = [{0: k, 1: d}] * n_coords + [None] * (len(flat) - n_coords)
+    with torch.no_grad():
+        program = torch.export.export(_Step(spec), tuple(flat), dynamic_shapes=(tuple(shapes),))
+        tmp = package.with_name(f"{package.stem}.{os.getpid()}.tmp.pt2")
+        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
+    digest = _sha256(tmp)
+    os.replace(tmp, package)
+    atomic_write_text(_checksum_path(package), digest + "\n")
+
+
+# -- the parent's side: build in the background, load when ready -------------------------
+_RUNNERS: dict[str, Callable] = {}
+_BUILDS: dict[str, subprocess.Popen] = {}
+_FAILED: set[str] = set()
+
+
+def cache_dir() -> Path:
+    """Where packages are kept (``$METASAMPLER_CACHE_DIR`` or ``~/.cache/metasampler/compiled``)."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) if root else Path.home() / ".cache" / "metasampler" / "compiled"
+
+
+def _checksum_path(package: Path) -> Path:
+    return package.with_suffix(".sha256")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(package: Path) -> bool:
+    """Whether ``package`` exists and matches its checksum; a mismatch deletes it (rebuilt)."""
+    checksum = _checksum_path(package)
+    if not package.exists() or not checksum.exists():
+        return False
+    if _sha256(package) == checksum.read_text().strip():
+        return True
+    warnings.warn(
+        f"NNSGHMC: the compiled step {package} does not match its checksum (altered or "
+        "truncated); it is deleted and rebuilt",
+        stacklevel=3,
+    )
+    package.unlink(missing_ok=True)
+    checksum.unlink(missing_ok=True)
+    return False
+
+
+def _start(spec: KernelSpec, package: Path) -> subprocess.Popen:
+    package.parent.mkdir(parents=True, exist_ok=True)
+    root = str(Path(__file__).resolve().parents[2])  # so the child imports this metasampler
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    log = package.with_suffix(".log").open("w")
+    # (`-c`, not `-m`: the package imports this module before runpy would run it)
+    code = "import sys; from metasampler.learned.aot import main; sys.exit(main(sys.argv[1:]))"
+    command = [sys.executable, "-c", code, spec.to_json(), str(package)]
+    print(
+        "metasampler: compiling the NNSGHMC step in the background (first use of this "
+        f"configuration; eager steps run meanwhile; cached in {package.parent})",
+        file=sys.stderr,
+    )
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _fail(key: str, why: str) -> None:
+    _FAILED.add(key)
+    warnings.warn(f"NNSGHMC: the compiled step is unavailable ({why}); using the eager step",
+                  stacklevel=4)  # fmt: skip
+
+
+def _load(key: str, package: Path) -> Callable | None:
+    try:
+        runner = torch._inductor.aoti_load_package(str(package))
+    except Exception as err:  # an incompatible or broken package: stay eager
+        _fail(key, f"{type(err).__name__} loading {package}: {err}")
+        return None
+    _RUNNERS[key] = runner
+    return runner
+
+
+def _runner(spec: KernelSpec, wait: bool) -> Callable | None:
+    """The loaded package for ``spec``; ``None`` while it builds (``wait=False``) or failed."""
+    key = spec.digest()
+    if key in _RUNNERS or key in _FAILED:
+        return _RUNNERS.get(key)
+    package = cache_dir() / f"{key}.pt2"
+    build_proc = _BUILDS.get(key)
+    if build_proc is None:
+        if _intact(package):
+            return _load(key, package)
+        build_proc = _BUILDS[key] = _start(spec, package)
+    if wait:
+        build_proc.wait()
+    if build_proc.poll() is None:
+        return None
+    del _BUILDS[key]
+    if build_proc.returncode != 0 or not _intact(package):
+        log = package.with_suffix(".log")
+        tail = log.read_text()[-400:].strip() if log.exists() else ""
+        _fail(key, f"the build exited with {build_proc.returncode}; {log}: ...{tail}")
+        return None
+    return _load(key, package)
+
+
+def run(args: StepArgs, wait: bool) -> tuple | None:
+    """The compiled step, or ``None`` where it does not run this call: still building
+    (``wait=False``), failed, a ``(K, D)`` with a dimension of 1 (export specialises it), or
+    the first finite-difference step."""
+    spec = KernelSpec.of(args)
+    if min(args.p.shape) < 2 or (spec.cfg.gamma == "finite_difference" and not spec.cache):
+        return None  # (finite differences' first step, without history, is not worth a build)
+    runner = _runner(spec, wait)
+    if runner is None:
+        return None
+    flat = flat_inputs(args, spec)
+    out = runner(*flat)
+    cache = None
+    if spec.cfg.gamma == "finite_difference":
+        u_index = 3 + spec.prior
+        cache = (flat[u_index], *out[3:])
+    return out[0], out[1], out[2], cache
+
+
+def wait_for_builds(timeout: float | None = None) -> None:
+    """Block until every background build has finished."""
+    for build_proc in list(_BUILDS.values()):
+        build_proc.wait(timeout)
+
+
+def stop_builds() -> None:
+    """Terminate the background builds (their packages are not written)."""
+    for build_proc in list(_BUILDS.values()):
+        build_proc.terminate()
+        build_proc.wait()
+    _BUILDS.clear()
+
+
+def main(argv: list[str]) -> int:
+    """Build one package: ``argv = [SPEC_JSON, PACKAGE]`` (what the child process runs)."""
+    if len(argv) != 2:
+        print("usage: python -m metasampler.learned.aot SPEC_JSON PACKAGE", file=sys.stderr)
+        return 2
+    build(KernelSpec.from_json(argv[0]), Path(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
