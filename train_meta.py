@@ -134,6 +134,8 @@ def _prepare_sampler(
     resuming, identical on every rank) and the family of training problems."""
     main_process = distributed.is_main_process()
     sampler = build_sampler(cfg.sampler, seed=cfg.seed).to(device)
+    if cfg.train.compile_steps:
+        sampler.use_compile = True
     problems = ProblemFamily(cfg.task, device=device)
     first = problems(0, torch.Generator(device=device).manual_seed(cfg.seed))
     if cfg.sampler.calibrate_steps and calibrate:

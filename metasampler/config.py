@@ -103,6 +103,9 @@ class TrainConfig:
     stein_ridge: float = 0.04
     checkpoint_every: int = 5  # epochs
     eval_every: int = 10  # epochs; 0 disables evaluation during training
+    # true: meta-training steps through torch.compile with autograd (fused forward and
+    # backward; the first window waits minutes for the compile; BENCHMARKS.md)
+    compile_steps: bool = False
 
 
 def load_structured(

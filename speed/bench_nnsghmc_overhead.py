@@ -15,8 +15,10 @@ round's SGHMC block time.
 * ``meta``: one unrolled meta-training window (W = 5 steps with autograd, then the backward
   of a loss on the final state) per block, divided by W, against an SGHMC sampling step:
   784-20-10 MLP (D = 15,910), K = 20, batch 500, 10-unit nets; and the 20-D toy Gaussian,
-  K = 50, 40-unit nets. Variants: the default (autograd through the step function) and the
-  recomputing backward (``step_path="recompute"``).
+  K = 50, 40-unit nets. Variants: the default (autograd through the step function), the
+  recomputing backward (``step_path="recompute"``) and ``torch.compile`` with autograd
+  (``step_path="compiled"``, what ``train.compile_steps`` selects; its compile falls in the
+  untimed warm-up round).
 * ``first-use``: a fresh process with empty compile caches (``TORCHINDUCTOR_CACHE_DIR`` and
   ``METASAMPLER_CACHE_DIR`` pointing to a new directory) runs 30 steps of the shipped sampler
   on the MLP, against 30 SGHMC steps in another fresh process.
@@ -112,7 +114,7 @@ def time_sampling(target, samplers: dict, init, steps: int, warmup: int, repeats
 def time_meta(target, init, hidden: int, window: int, repeats: int, eta: float):
     """ms per unrolled step (forward + backward / W) of each path, and SGHMC's sampling step."""
     samplers = {"SGHMC": SGHMC(eta=eta, friction=1.0)}
-    for path in ("auto", "recompute"):
+    for path in ("auto", "recompute", "compiled"):
         s = NNSGHMC(eta=eta, q_hidden=(hidden,), d_hidden=(hidden,), beta_off=1.0, c=1.0)
         s.step_path = path
         samplers[f"meta {path}"] = s
@@ -134,6 +136,9 @@ def time_meta(target, init, hidden: int, window: int, repeats: int, eta: float):
                 loss.backward()
             if rnd > 0:  # round 0 is the warm-up
                 times[name].append((time.perf_counter() - t0) / window * 1e3)
+            elif name == "meta compiled":
+                first = time.perf_counter() - t0
+                print(f"meta compiled: first window (with the compile) {first:.0f} s", flush=True)
     return times
 
 

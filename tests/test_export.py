@@ -475,7 +475,8 @@ def test_other_format_version(saved, tmp_path, version):
     bad = rewrite(
         path, tmp_path / "v.safetensors", header=lambda h: h.update(format_version=version)
     )
-    message = f"written by format version {version!r}; this metasampler reads versions 1, 2, 3 and 4"
+    message = f"written by format version {version!r}; this metasampler reads versions "
+    message += "1, 2, 3 and 4"
     with pytest.raises(SamplerFileError, match=re.escape(message)):
         load_sampler(bad)
     assert read_header(bad)["format_version"] == version  # inspection still works

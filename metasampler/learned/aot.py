@@ -40,7 +40,10 @@ from torch import Tensor
 from ..files import atomic_write_text
 from .equations import SCALARS, StepArgs, StepConfig, nnsghmc_update
 
-__all__ = ["KernelSpec", "cache_dir", "run", "stop_builds", "wait_for_builds"]
+__all__ = [
+    "KernelSpec", "cache_dir", "call_flat", "flat_inputs", "run", "step_from_flat", "stop_builds",
+    "wait_for_builds",
+]  # fmt: skip
 
 CACHE_ENV = "METASAMPLER_CACHE_DIR"
 # The files whose code a package contains: a change to any of them gives new keys.
@@ -289,14 +292,17 @@ def run(args: StepArgs, wait: bool) -> tuple | None:
     if min(args.p.shape) < 2 or (spec.cfg.gamma == "finite_difference" and not spec.cache):
         return None  # (finite differences' first step, without history, is not worth a build)
     runner = _runner(spec, wait)
-    if runner is None:
-        return None
+    return None if runner is None else call_flat(runner, args, spec)
+
+
+def call_flat(runner: Callable, args: StepArgs, spec: KernelSpec) -> tuple:
+    """``runner`` (a function of :func:`flat_inputs`, like :func:`step_from_flat`) on
+    ``args``, with the result in :func:`nnsghmc_update`'s form."""
     flat = flat_inputs(args, spec)
     out = runner(*flat)
     cache = None
     if spec.cfg.gamma == "finite_difference":
-        u_index = 3 + spec.prior
-        cache = (flat[u_index], *out[3:])
+        cache = (flat[3 + spec.prior], *out[3:])  # (the energy input, as passed)
     return out[0], out[1], out[2], cache
 
 

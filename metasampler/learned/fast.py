@@ -20,12 +20,16 @@ The step is one pure, element-wise function of the coordinates
   once, so no ``(H, K, D)`` activation of any step is stored across an unroll. It saves
   memory, not time (measured in ``BENCHMARKS.md``), so meta-training uses **plain** by
   default.
-* **plain**: the function called directly, with autograd when it records (meta-training):
-  the reference.
+* **compiled training** (grad enabled, ``compile=True``; meta-training's
+  ``train.compile_steps``): ``torch.compile`` of the same function with autograd, so
+  inductor fuses its forward and backward; the first step waits for the compile.
+* **plain**: the function called directly, with autograd when it records (meta-training's
+  default): the reference.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -189,6 +193,22 @@ def compile_unavailable(device: torch.device) -> str | None:
     return f"no torch.compile backend for device {device.type!r}"
 
 
+_TRAINING: dict[aot.KernelSpec, Callable] = {}
+
+
+def run_compiled_training(args: StepArgs) -> tuple:
+    """:func:`nnsghmc_update` through ``torch.compile`` with autograd recording: inductor
+    fuses the forward and the backward of the step into loops over the coordinates. Shapes
+    are static (they do not change during meta-training); the first call waits for the
+    compile (minutes: ``BENCHMARKS.md``)."""
+    spec = aot.KernelSpec.of(args)
+    fn = _TRAINING.get(spec)
+    if fn is None:
+        entry = functools.partial(aot.step_from_flat, spec)
+        fn = _TRAINING[spec] = torch.compile(entry, dynamic=False, fullgraph=True)
+    return aot.call_flat(fn, args, spec)
+
+
 def wait_for_compiles(timeout: float | None = None) -> None:
     """Block until every background build of a compiled step has finished (benchmarks,
     tests)."""
@@ -217,13 +237,19 @@ def run(args: StepArgs, sampler: Any) -> tuple:
     recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     if path == "recompute":
         return run_recompute(args)
-    if recording:
-        # Measured (speed/bench_nnsghmc_overhead.py): in eager mode the recomputing backward
-        # costs more time than it saves memory traffic, so meta-training uses plain autograd.
-        return nnsghmc_update(*args)
     use = sampler.use_compile
     if use is None and os.environ.get("METASAMPLER_COMPILE") in ("0", "1"):
         use = os.environ["METASAMPLER_COMPILE"] == "1"
+    if recording:
+        # Meta-training: compiled only when asked (`compile=True`, train.compile_steps), as
+        # the compile takes minutes; the first finite-difference step (no history) stays
+        # plain. Measured (speed/bench_nnsghmc_overhead.py): in eager mode the recomputing
+        # backward costs more time than it saves memory traffic, so the default is plain.
+        first_fd = args.cfg.gamma == "finite_difference" and args.cache is None
+        if (path == "compiled" or use is True) and not first_fd:
+            if compile_unavailable(args.p.device) is None:
+                return run_compiled_training(args)
+        return nnsghmc_update(*args)
     if path == "compiled" or (path == "auto" and use is not False):
         reason = compile_unavailable(args.p.device)
         if reason is None:

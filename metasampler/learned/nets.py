@@ -33,9 +33,11 @@ OUTPUTS = ("identity", "softplus", "abs")
 #: ``(((W_1, b_1), ..., (W_L, b_L)), (w_out, b_out))``: hidden layers, then the head's weight
 #: row ``(H_L,)`` and scalar bias.
 NetParams = tuple[tuple[tuple[Tensor, Tensor], ...], tuple[Tensor, Tensor]]
-# Under torch.compile, one-layer nets up to this width are evaluated unit by unit (fastest
-# fused loop; compile time grows with the width, so wider nets keep the units as one axis).
-UNROLL_MAX_HIDDEN = 16
+# Compiled for sampling, one-layer nets up to this width are evaluated unit by unit (one fused
+# loop, no (H, K, D) activation stored). The build time grows with the width (40 units: ~3 min
+# against ~1 for 10), but it runs in a child process while eager steps go on
+# (metasampler.learned.aot), so only wider nets keep the units as one axis.
+UNROLL_MAX_HIDDEN = 64
 
 # Eigen's rational approximation of tanh on float32 (``ptanh_float``): relative error within a
 # few ulp everywhere, also near 0. Inductor's own vectorised tanh is about 4x slower than this
@@ -111,11 +113,15 @@ def coordinate_mlp(
     weight, bias = layers[0]
     width = weight.shape[0]
     # Hidden units of a one-layer net are taken in groups of `group`: all at once in eager mode
-    # (few large operations), one by one under torch.compile, where that turns the net into
-    # (K, D) element-wise operations that inductor fuses into one loop without storing any
-    # (H, K, D) activation. Same sums, only the order of the loop differs.
+    # (few large operations), one by one when compiled for sampling, where that turns the net
+    # into (K, D) element-wise operations that inductor fuses into one loop without storing any
+    # (H, K, D) activation. Same sums, only the order of the loop differs. Compiled with
+    # autograd (meta-training) the units stay one axis: unrolled, the joint graph compiled far
+    # slower (10 units: 637 s with a job on the other core, against 99 s idle) for a step
+    # about 10 % faster.
     group = width
-    if len(layers) == 1 and torch.compiler.is_compiling() and width <= UNROLL_MAX_HIDDEN:
+    unroll = torch.compiler.is_compiling() and not torch.is_grad_enabled()
+    if len(layers) == 1 and unroll and width <= UNROLL_MAX_HIDDEN:
         group = 1
     value: Tensor | float = b_out
     grads: list[Tensor | float] = [0.0 for _ in derivatives]

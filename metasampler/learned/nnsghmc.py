@@ -81,8 +81,7 @@ from ..sampling import make_generator, sample
 from ..schedules import Schedule
 from ..stepsize import resolve_eta
 from ..targets import Evaluation, Target
-from .equations import StepConfig, nnsghmc_coefficients
-from .equations import StepArgs
+from .equations import StepArgs, StepConfig, nnsghmc_coefficients
 from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
 
@@ -130,7 +129,9 @@ class NNSGHMC(nn.Module, Sampler):
                 minute; a cached one loads in milliseconds).
                 ``False``: always eager. Not part of the exported sampler; settable on a loaded
                 one through the ``use_compile`` attribute. Meta-training steps (grad enabled)
-                run the same function eagerly with autograd; ``step_path`` (attribute: "auto",
+                run the same function eagerly with autograd, or with ``True`` through
+                ``torch.compile`` with autograd (fused forward and backward; the first step
+                waits minutes for the compile); ``step_path`` (attribute: "auto",
                 "plain", "blocks", "recompute", "compiled") forces one way of running the step
                 (:mod:`metasampler.learned.fast`), for tests and benchmarks.
             **arguments: the architecture and constants, the fields of

@@ -358,6 +358,33 @@ def test_recomputing_backward_equals_autograd_and_finite_differences(gamma, deta
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
+def test_compiled_training_step_gives_the_plain_meta_gradient(gamma):
+    # torch.compile with autograd (meta-training's train.compile_steps) is a transformation
+    # of the same function: the meta-gradient of a 5-step unroll equals plain autograd's.
+    from metasampler.learned import fast
+
+    if fast.compile_unavailable(torch.device("cpu")):
+        pytest.skip("no compiler for the compiled step")
+    target = SplitPriorTarget()
+    init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    sampler = path_sampler((3,), gamma, eta=0.05, beta_off=0.5, alpha=0.2, c=0.1).double()
+
+    def meta_gradient(path: str) -> tuple[torch.Tensor, ...]:
+        state = run_path(sampler, path, target, init, n_steps=5, grad=True)
+        loss = (state.theta**2).mean() + (state.momentum**3).mean()
+        return torch.autograd.grad(loss, list(sampler.parameters()))
+
+    expected = meta_gradient("plain")
+    fast._TRAINING.clear()
+    got = meta_gradient("compiled")
+    assert len(fast._TRAINING) == 1  # the compiled function ran (one configuration)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-12)
+    assert any(g.abs().sum() > 0 for g in got)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("hidden", "gamma"), [((4,), "exact"), ((4,), "finite_difference"), ((3, 3), "exact")]
 )
