@@ -23,6 +23,7 @@ the child does).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -92,6 +93,7 @@ class KernelSpec:
             raw[name] = tuple(raw[name])
         return cls(**raw)
 
+    @functools.cache  # noqa: B019 (few specs per process; reads the source files once)
     def digest(self) -> str:
         """The package's cache key."""
         h = hashlib.sha256(self.to_json().encode())

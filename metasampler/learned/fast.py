@@ -33,6 +33,7 @@ import functools
 import os
 import shutil
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -204,7 +205,11 @@ def run_compiled_training(args: StepArgs) -> tuple:
     spec = aot.KernelSpec.of(args)
     fn = _TRAINING.get(spec)
     if fn is None:
-        entry = functools.partial(aot.step_from_flat, spec)
+        # A copy of the code object per configuration: dynamo counts recompiles (limit 8) per
+        # code object, so configurations used in one process do not evict each other.
+        step = aot.step_from_flat
+        copy = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__)
+        entry = functools.partial(copy, spec)
         fn = _TRAINING[spec] = torch.compile(entry, dynamic=False, fullgraph=True)
     return aot.call_flat(fn, args, spec)
 
