@@ -272,7 +272,11 @@ def _runner(spec: KernelSpec, wait: bool) -> Callable | None:
     if build_proc is None:
         if _intact(package):
             return _load(key, package)
-        build_proc = _BUILDS[key] = _start(spec, package)
+        try:
+            build_proc = _BUILDS[key] = _start(spec, package)
+        except OSError as err:  # e.g. a read-only cache directory: stay eager
+            _fail(key, f"cannot start the build in {package.parent}: {err}")
+            return None
     if wait:
         build_proc.wait()
     if build_proc.poll() is None:

@@ -431,6 +431,26 @@ def test_an_altered_compiled_package_is_deleted_not_loaded(tmp_path):
     assert not aot._intact(package)
 
 
+def test_an_unwritable_cache_directory_leaves_the_eager_step(tmp_path, monkeypatch):
+    from metasampler.learned import aot, fast
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv(aot.CACHE_ENV, str(blocker / "compiled"))
+    monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
+    for name in ("_RUNNERS", "_BUILDS"):
+        monkeypatch.setattr(aot, name, {})
+    monkeypatch.setattr(aot, "_FAILED", set())
+    target, _ = quadratic_target()
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=True)
+    reference = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=False)
+    with pytest.warns(UserWarning, match="cannot start the build"):
+        got = ms.sample(sampler, target, 4, 5, init=init, seed=0, progress=False).theta
+    expected = ms.sample(reference, target, 4, 5, init=init, seed=0, progress=False).theta
+    assert torch.equal(got, expected) and aot._BUILDS == {} and len(aot._FAILED) == 1
+
+
 class _HeldBuild:
     """Stands in for the build's child process until ``done`` is set."""
 
