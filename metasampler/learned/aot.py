@@ -234,7 +234,6 @@ def _start(spec: KernelSpec, package: Path) -> subprocess.Popen:
     root = str(Path(__file__).resolve().parents[2])  # so the child imports this metasampler
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    log = package.with_suffix(".log").open("w")
     # (`-c`, not `-m`: the package imports this module before runpy would run it)
     code = "import sys; from metasampler.learned.aot import main; sys.exit(main(sys.argv[1:]))"
     command = [sys.executable, "-c", code, spec.to_json(), str(package)]
@@ -243,7 +242,8 @@ def _start(spec: KernelSpec, package: Path) -> subprocess.Popen:
         f"configuration; eager steps run meanwhile; cached in {package.parent})",
         file=sys.stderr,
     )
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with package.with_suffix(".log").open("w") as log:  # (the child keeps its own handle)
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _fail(key: str, why: str) -> None:
