@@ -16,8 +16,7 @@ SHA-256 written beside each one is checked before loading: a truncated or altere
 deleted and rebuilt, never loaded. A child still building when the user's script ends finishes
 its package for the next run.
 
-Run as ``python -m metasampler.learned.aot SPEC_JSON PACKAGE`` it builds one package (what
-the child does).
+:func:`main` builds one package from ``SPEC_JSON PACKAGE`` (what the child runs).
 """
 
 from __future__ import annotations

@@ -51,7 +51,12 @@ def _secant(numerator: Tensor, denominator: Tensor) -> Tensor:
 
 def _curl(q_net: NetParams, u: Tensor, p_hat: Tensor, v, cfg: StepConfig, wrt: Sequence[int]):
     """``Q_f = beta_off + clamp(f_phiQ(u, p_hat))`` and ``dQ_f / d(u, p_hat)[wrt]``, at the
-    shape of ``p_hat``; without the momentum input ``dQ_f / dp_hat`` is ``None`` (zero)."""
+    shape of ``p_hat``; without the momentum input ``dQ_f / dp_hat`` is ``None`` (zero).
+
+    SPEC §3 (004 eq. 9) feeds ``f_phiQ`` the energy and the momentum. ``cfg.q_momentum=False``
+    (``q_momentum_input``, not in the SPEC) drops the momentum: the momentum-dependent curl
+    learned a bias in the toy transfer's stiff directions (docs/RESULTS.md, #11); Gamma stays
+    exact, its ``dQ_f/dp`` terms being zero."""
     inputs = [u, p_hat] if cfg.q_momentum else [u]
     present = [f for f in wrt if f < len(inputs)]
     raw, grads = coordinate_mlp(q_net, inputs, cfg.activation, "identity", present)
