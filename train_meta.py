@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.close()
     elapsed = time.time() - start
     if main_process:
-        _save(sampler, cfg, run_dir, history, elapsed)
+        _save(trainer.final_sampler(), cfg, run_dir, history, elapsed)
     return 0
 
 

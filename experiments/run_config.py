@@ -126,6 +126,7 @@ _NON_NEGATIVE = [
     "train.in_chain_weight",
     "train.in_chain_burn_in",
     "train.eval_every",
+    "train.average_last",
     "task.grad_noise_std",
     "sampler.alpha",
     "sampler.c",
@@ -169,10 +170,21 @@ def _validate(cfg: DictConfig) -> None:
     betas = list(cfg.train.adam_betas)
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {betas!r}")
-    if cfg.train.in_chain_span == PoolSpan.segment and not cfg.train.accumulate:
+    span = cfg.train.in_chain_span
+    if span in (PoolSpan.segment, PoolSpan.epoch) and not cfg.train.accumulate:
         raise ConfigError(
-            "train.in_chain_span=segment needs train.accumulate=true: the pooled positions "
+            f"train.in_chain_span={span.value} needs train.accumulate=true: the pooled positions "
             "hold the graph of every window, which an optimiser step inside the segment breaks"
+        )
+    if span == PoolSpan.epoch and not cfg.train.continue_chains:
+        raise ConfigError(
+            "train.in_chain_span=epoch needs train.continue_chains=true: the pool follows the "
+            "same chains across the epoch's segments"
+        )
+    if cfg.train.average_last > cfg.train.epochs:
+        raise ConfigError(
+            f"train.average_last ({cfg.train.average_last}) must be <= train.epochs "
+            f"({cfg.train.epochs})"
         )
     if cfg.train.in_chain_chains > cfg.train.n_chains:
         raise ConfigError(

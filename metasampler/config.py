@@ -52,6 +52,9 @@ class PoolSpan(str, Enum):
 
     window = "window"  # cleared after every BPTT window (the recipe before issue #11)
     segment = "segment"  # the whole segment: one Stein estimate over all its pooled samples
+    # the segment, plus the (detached) pooled samples of the epoch's earlier segments in the
+    # Stein estimate: with continue_chains the pool spans the chains' whole run
+    epoch = "epoch"
 
 
 #: NNSGHMC architecture and constants (:class:`metasampler.nnsghmc_args.NNSGHMCArgs`, one
@@ -101,6 +104,9 @@ class TrainConfig:
     replay_capacity: int = 1000
     stein_bandwidth_factor: float = 0.5
     stein_ridge: float = 0.04
+    # > 0: export the mean of the nets at the ends of the last n epochs (stochastic weight
+    # averaging, metasampler/meta/averaging.py); 0: the nets of the last epoch
+    average_last: int = 0
     checkpoint_every: int = 5  # epochs
     eval_every: int = 10  # epochs; 0 disables evaluation during training
     # true: meta-training steps through torch.compile with autograd (fused forward and

@@ -1,10 +1,11 @@
-"""Merge ``evaluate.py`` results of one benchmark run on disjoint seeds into one result.
+"""Merge ``evaluate.py`` results of one benchmark run on disjoint seeds or methods into one.
 
     python scripts/merge_eval_seeds.py runs/eval/mnist_nt_seed0 runs/eval/mnist_nt_seed1 \
         runs/eval/mnist_nt_seed2 --out runs/eval/mnist_nt [--name mnist_nt]
 
-On a shared CPU one process per seed (``seeds=[s] name=<name>_seed<s>``) finishes sooner than
-one process for all seeds; the tuning is identical in every part (it uses ``tune.seed``), and
+On a shared CPU one process per seed (``seeds=[s] name=<name>_seed<s>``) or per group of
+methods (``methods.<m>.enabled=false`` for the others) finishes sooner than one process for
+everything; the tuning is identical in every part (it uses ``tune.seed``), and
 this script checks that, concatenates the per-seed runs and writes ``results.json``,
 ``summary.csv``, ``curves.csv``, ``tuning.csv``, ``table.md``, the learning-curve plots and
 ``config.yaml`` into ``--out`` as ``evaluate.py`` would have (entropy-CDF and calibration plots

@@ -1,5 +1,5 @@
 """What a benchmark produces: :class:`BenchmarkResult`, the per-seed statistics of its final
-metrics, and :func:`merge_seed_results` (one result from runs on disjoint seeds)."""
+metrics, and :func:`merge_seed_results` (one result from runs on disjoint seeds or methods)."""
 
 from __future__ import annotations
 
@@ -58,36 +58,38 @@ def _nan_for_none(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def merge_seed_results(summaries: Sequence[Mapping[str, Any]]) -> BenchmarkResult:
-    """One result from ``results.json`` documents of the same benchmark run on disjoint seeds
-    (e.g. one process per seed on a shared CPU), as if all seeds had run in one process.
+    """One result from ``results.json`` documents of the same benchmark run as parts, as if
+    all had run in one process: parts on disjoint seeds (e.g. one process per seed on a shared
+    CPU), parts on disjoint methods (one process per group of methods), or both.
 
-    Every part must have tuned each method to the same value (tuning uses ``tune.seed``, not
-    the evaluation seeds, so identical configs give identical choices); the per-seed runs are
-    concatenated in seed order and the mean ± standard error recomputed. The returned
-    :class:`BenchmarkResult` carries the learning curves (no entropies or calibration bins, which
-    ``results.json`` does not store).
+    A method that several parts ran must have been tuned to the same value in each (tuning
+    uses ``tune.seed``, not the evaluation seeds, so identical configs give identical
+    choices) and on disjoint seeds; its per-seed runs are concatenated in seed order and the
+    mean ± standard error recomputed. Every method must end up with the same seeds. The
+    returned :class:`BenchmarkResult` carries the learning curves (no entropies or
+    calibration bins, which ``results.json`` does not store).
 
     Raises:
-        ValueError: fewer than two parts, repeated seeds, or parts that differ in their
-            methods or tuned step sizes.
+        ValueError: fewer than two parts, a method run twice on a seed, a method tuned
+            differently in two parts, or methods that end up with different seeds.
     """
     if len(summaries) < 2:
         raise ValueError("merging needs at least two results.json documents")
-    first = summaries[0]
-    seeds = [int(s) for part in summaries for s in part["seeds"]]
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"the parts repeat seeds: {seeds}")
-    merged = json.loads(json.dumps(first))  # a deep copy
-    merged["seeds"] = sorted(seeds)
-    merged["config"]["seeds"] = sorted(seeds)
-    runs: dict[str, dict[int, MethodRun]] = {}
-    for key, entry in merged["methods"].items():
-        parts = [part["methods"].get(key) for part in summaries]
-        if any(p is None for p in parts):
-            raise ValueError(f"method {key!r} is missing from some of the parts")
+    merged = json.loads(json.dumps(summaries[0]))  # a deep copy
+    merged["methods"], runs, seeds_of = {}, {}, {}
+    for key in dict.fromkeys(k for part in summaries for k in part["methods"]):
+        holders = [part for part in summaries if key in part["methods"]]
+        parts = [part["methods"][key] for part in holders]
         chosen = {(p.get("lr"), p.get("error")) for p in parts}
         if len(chosen) != 1:
             raise ValueError(f"method {key!r} was tuned differently in the parts: {chosen}")
+        seeds = [int(s) for part in holders for s in part["seeds"]]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"method {key!r}: the parts repeat seeds {sorted(seeds)}")
+        seeds_of[key] = sorted(seeds)
+        entry = json.loads(json.dumps(parts[0]))
+        merged["methods"][key] = entry
+        merged["config"]["methods"][key] = holders[0]["config"]["methods"][key]
         if entry.get("error"):
             continue
         per_seed = sorted((r for p in parts for r in p["runs"]), key=lambda r: r["seed"])
@@ -105,4 +107,7 @@ def merge_seed_results(summaries: Sequence[Mapping[str, Any]]) -> BenchmarkResul
             )
             for i, r in enumerate(per_seed)
         }
+    if len({tuple(s) for s in seeds_of.values()}) != 1:
+        raise ValueError(f"the methods end up with different seeds: {seeds_of}")
+    merged["seeds"] = merged["config"]["seeds"] = next(iter(seeds_of.values()))
     return BenchmarkResult(merged, runs)

@@ -131,8 +131,9 @@ def check_checkpoint_matches(
 
 class CheckpointMixin:
     """Checkpoint methods of :class:`~metasampler.meta.trainer.MetaTrainer` (which holds
-    ``sampler``, ``settings``, ``outer``, ``pool``, ``generator``, ``chain_generator``, ``history``,
-    ``epoch``, ``world``, ``shard``, ``run_dir``, ``device`` and ``extra_checkpoint``)."""
+    ``sampler``, ``settings``, ``outer``, ``average``, ``pool``, ``generator``,
+    ``chain_generator``, ``history``, ``epoch``, ``world``, ``shard``, ``run_dir``, ``device``
+    and ``extra_checkpoint``)."""
 
     @property
     def checkpoint_path(self) -> Path | None:
@@ -146,6 +147,7 @@ class CheckpointMixin:
             "epoch": self.epoch,
             "sampler": self.sampler.state_dict(),
             "optimizer": self.outer.state_dict(),
+            "average": self.average.state_dict(),
             "replay": self.pool.state_dict(),
             "generator": self.generator.get_state(),
             "history": {
@@ -178,6 +180,7 @@ class CheckpointMixin:
         )
         self.sampler.load_state_dict(state["sampler"])
         self.outer.load_state_dict(state["optimizer"])
+        self.average.load_state_dict(state.get("average"), self.sampler)
         if self.world == 1:
             self.pool.load_state_dict(state["replay"])
         else:

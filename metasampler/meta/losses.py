@@ -156,7 +156,9 @@ class InChainCollector:
     the selected chains only. :meth:`loss` pools them (``n_kept_steps * n_select`` samples)
     and returns the surrogate with one Stein estimate on the pool. Call :meth:`clear` after
     each window's backward pass (the stored tensors hold that window's graph) and
-    :meth:`select_chains` to draw a new subset (e.g. at each sub-epoch).
+    :meth:`select_chains` to draw a new subset (e.g. at each sub-epoch). :meth:`retire`
+    instead keeps the samples, detached, as *earlier* samples: later losses include them in
+    the Stein estimate (the density of the pooled law) but take no gradient through them.
 
     Args:
         n_chains: ``K``, the number of chains fed to :meth:`collect`.
@@ -198,15 +200,18 @@ class InChainCollector:
         self._positions: list[Tensor] = []
         self._grads: list[Tensor] = []
         self._steps: list[int] = []
+        self._earlier: list[Tensor] = []  # (n_select, n_kept, D) blocks, detached
         self.chains = torch.arange(n_select)
         self.select_chains(generator)
 
     def select_chains(self, generator: torch.Generator | None = None) -> Tensor:
-        """Draw a new random subset of ``n_select`` chains (sorted indices); clears the buffer."""
+        """Draw a new random subset of ``n_select`` chains (sorted indices); clears the buffer
+        and the earlier samples."""
         device = generator.device if generator is not None else torch.device("cpu")
         perm = torch.randperm(self.n_chains, generator=generator, device=device)
         self.chains = perm[: self.n_select].sort().values.cpu()
         self.clear()
+        self._earlier.clear()
         return self.chains
 
     def wants(self, step: int) -> bool:
@@ -240,10 +245,21 @@ class InChainCollector:
         return True
 
     def clear(self) -> None:
-        """Drop the collected samples (keeps the chain subset)."""
+        """Drop the collected samples (keeps the chain subset and the earlier samples)."""
         self._positions.clear()
         self._grads.clear()
         self._steps.clear()
+
+    def retire(self) -> None:
+        """Keep the collected samples, detached, as earlier samples; then :meth:`clear`."""
+        if self._positions:
+            self._earlier.append(torch.stack(self._positions, dim=1).detach())
+        self.clear()
+
+    @property
+    def n_earlier(self) -> int:
+        """Number of earlier (retired) samples held."""
+        return sum(block.shape[0] * block.shape[1] for block in self._earlier)
 
     @property
     def steps(self) -> list[int]:
@@ -262,16 +278,17 @@ class InChainCollector:
         return torch.stack(self._positions, dim=1), torch.stack(self._grads, dim=1)
 
     def loss(self, temperature: float = 1.0, **stein_kwargs: float | None) -> Tensor:
-        """The in-chain surrogate on the collected samples (see the class docstring)."""
+        """The in-chain surrogate on the collected samples (see the class docstring); the
+        Stein estimate also covers the earlier samples, the surrogate only the collected."""
         theta, grad = self.samples()  # (S, m, D)
+        pooled = torch.cat([*self._earlier, theta.detach()], dim=1)  # earlier steps first
         if self.per_chain:
-            score = stein_score(theta.detach(), **stein_kwargs)  # one set per chain
-            flat = theta.reshape(-1, theta.shape[-1])
-            return surrogate_loss(
-                flat, grad.reshape(flat.shape), score.reshape(flat.shape), temperature
-            )
+            score = stein_score(pooled, **stein_kwargs)  # one set per chain
+        else:
+            score = stein_score(pooled.reshape(-1, pooled.shape[-1]), **stein_kwargs)
+        score = score.reshape(pooled.shape)[:, -theta.shape[1] :]
         flat = theta.reshape(-1, theta.shape[-1])
-        score = stein_score(flat.detach(), **stein_kwargs)
+        score = score.reshape(flat.shape)
         return surrogate_loss(flat, grad.reshape(flat.shape), score, temperature)
 
 

@@ -17,7 +17,11 @@ the optimiser. The terms (SPEC §4):
   sub-epochs of an epoch and restart at each epoch (``continue_chains=True``, the paper);
 * **in-chain pool** — cleared after every window, or spanning the whole segment
   (``in_chain_span="segment"``): burn-in, thinning and the chain subset are then counted
-  within the segment and one Stein estimate covers all pooled samples.
+  within the segment and one Stein estimate covers all pooled samples; or spanning the epoch
+  (``in_chain_span="epoch"``, with continuing chains): the chain subset is kept for the epoch
+  and the Stein estimate of each segment's in-chain loss also covers the (detached) samples
+  pooled in the epoch's earlier segments, so the loss sees the chains' mixing over hundreds
+  of steps, not only within one segment.
 
 The paper's toy schedule: 100-step segments, windows of 20, ``accumulate``,
 ``step_per_loss``, ``continue_chains``, ``in_chain_span=segment`` (2 Adam steps per
@@ -42,6 +46,7 @@ class TruncationSchedule:
     step_per_loss: bool = False
     continue_chains: bool = False
     pool_spans_segment: bool = False
+    pool_spans_epoch: bool = False
 
     def __post_init__(self) -> None:
         if self.segment < 1 or self.window < 1:
@@ -52,6 +57,11 @@ class TruncationSchedule:
             raise ValueError(
                 "an in-chain pool spanning the segment needs accumulate=True (its samples hold "
                 "every window's graph, which an optimiser step inside the segment invalidates)"
+            )
+        if self.pool_spans_epoch and not (self.pool_spans_segment and self.continue_chains):
+            raise ValueError(
+                "an in-chain pool spanning the epoch needs pool_spans_segment and "
+                "continue_chains (it follows the same chains across the epoch's segments)"
             )
 
     @classmethod
@@ -64,7 +74,8 @@ class TruncationSchedule:
             accumulate=bool(settings.accumulate),
             step_per_loss=bool(settings.step_per_loss),
             continue_chains=bool(settings.continue_chains),
-            pool_spans_segment=span == "segment",
+            pool_spans_segment=span in ("segment", "epoch"),
+            pool_spans_epoch=span == "epoch",
         )
 
     @property
@@ -82,6 +93,10 @@ class TruncationSchedule:
     def fresh_chains(self, sub_epoch: int) -> bool:
         """Whether sub-epoch ``sub_epoch`` (0-based) starts new chains."""
         return sub_epoch == 0 or not self.continue_chains
+
+    def fresh_pool(self, sub_epoch: int) -> bool:
+        """Whether sub-epoch ``sub_epoch`` starts a new in-chain pool (and chain subset)."""
+        return sub_epoch == 0 or not self.pool_spans_epoch
 
     @property
     def clear_pool(self) -> bool:

@@ -47,6 +47,7 @@ from ..learned.nnsghmc import NNSGHMC
 from ..samplers.base import SamplerState
 from ..sampling import make_generator
 from ..targets import NonFiniteError
+from .averaging import NetAverage
 from .checkpoint import CheckpointMixin, History, save_checkpoint
 from .divergence import NonFiniteLoss, TrainingDivergedError, abort_on_peer_failure, diverged
 from .losses import InChainCollector
@@ -135,6 +136,7 @@ class MetaTrainer(CheckpointMixin):
         )
         self.update = MetaUpdate(self.outer, settings, self.schedule, self.shard)
         self.pool = ReplayPool(capacity, settings.replay_prob)
+        self.average = NetAverage(settings.average_last, settings.epochs)
         self.history = History()
         self.epoch = 0  # epochs completed
 
@@ -151,13 +153,15 @@ class MetaTrainer(CheckpointMixin):
                 started = time.perf_counter()
                 problem = self.problems(epoch, self.generator)
                 losses: list[float] = []
-                state = None
+                state = collector = None
                 for sub in range(s.sub_epochs):
                     if self.schedule.fresh_chains(sub):
                         with abort_on_peer_failure(), distributed.failure_guard("starting"):
                             state = self._initial_state(problem)
+                    if self.schedule.fresh_pool(sub):
+                        collector = self._collector()
                     try:
-                        state = self._segment(problem, state, epoch, sub, bar, losses)
+                        state = self._segment(problem, state, collector, (epoch, sub), bar, losses)
                     except NonFiniteLoss as err:
                         raise self._diverged(str(err), epoch, sub) from None
                 self.epoch = epoch
@@ -179,9 +183,15 @@ class MetaTrainer(CheckpointMixin):
                 metrics = self.evaluate(self.sampler, epoch)
             self.history.evals.append({"epoch": epoch, **metrics})
             self.report.evaluation(metrics, epoch)
+        self.average.end_epoch(self.sampler, epoch)
         # Chains restart at every epoch, so an epoch-boundary checkpoint holds all the state.
         if epoch % s.checkpoint_every == 0 or epoch == s.epochs:
             self.save()
+
+    def final_sampler(self) -> NNSGHMC:
+        """The sampler to export: the nets averaged over the last ``train.average_last``
+        epochs (:mod:`.averaging`), or the live sampler when that is 0."""
+        return self.average.result(self.sampler)
 
     def _initial_state(self, problem: Any) -> SamplerState:
         theta = problem.init(self.shard.size, self.chain_generator)
@@ -192,7 +202,7 @@ class MetaTrainer(CheckpointMixin):
         return state
 
     def _collector(self) -> InChainCollector | None:
-        """The in-chain collector of a segment (a fresh random chain subset)."""
+        """A fresh in-chain collector (a new random chain subset), for a segment or an epoch."""
         s = self.settings
         if s.in_chain_weight <= 0:
             return None
@@ -210,14 +220,15 @@ class MetaTrainer(CheckpointMixin):
         self,
         problem: Any,
         state: SamplerState,
-        epoch: int,
-        sub: int,
+        collector: InChainCollector | None,
+        when: tuple[int, int],
         bar: tqdm,
         losses: list[float],
     ) -> SamplerState:
-        """One sub-epoch: unroll the segment window by window and update as scheduled."""
+        """One sub-epoch ``when = (epoch, sub)``: unroll the segment window by window and
+        update as scheduled."""
         schedule = self.schedule
-        collector = self._collector()
+        epoch, sub = when
         start = state.step
         accumulating = schedule.accumulate and self.world == 1
         accumulated = GradientAccumulator(self.outer) if accumulating else None
@@ -253,8 +264,8 @@ class MetaTrainer(CheckpointMixin):
             value = self.update.end_segment(accumulated, collector, keep_graph)
             if value is not None:
                 losses.append(value)
-        if collector is not None:
-            collector.clear()
+        if collector is not None:  # the epoch's later segments still see its samples
+            collector.retire() if schedule.pool_spans_epoch else collector.clear()
         self.pool.add(state.theta, state.momentum)
         if sub == self.settings.sub_epochs - 1:
             self.report.chain_summaries(self.sampler, state, problem.target, epoch)

@@ -222,7 +222,7 @@ def test_config_rejects_bad_protocol_values():
 # --------------------------------------------------------------------------------------------
 # Runs split by seed, merged
 # --------------------------------------------------------------------------------------------
-def _small_benchmark(tmp_path, seeds: str):
+def _small_benchmark(tmp_path, seeds: str, *extra: str):
     cfg = load_benchmark_config(
         None,
         [
@@ -238,6 +238,7 @@ def _small_benchmark(tmp_path, seeds: str):
             "methods.sgld.lr_grid=[0.1, 0.3]",
             *(f"methods.{m}.enabled=false" for m in ("psgld", "sghmc", "msgnht", "csgld")),
             *(f"methods.{m}.enabled=false" for m in ("csghmc", "sgdm")),
+            *extra,
         ],
     )
     problem = synthetic_classification_problem(
@@ -265,3 +266,22 @@ def test_runs_split_by_seed_merge_into_the_all_seeds_result(tmp_path):
     other["methods"]["sgld"]["lr"] = 123.0
     with pytest.raises(ValueError, match="tuned differently"):
         merge_seed_results([other, parts[1]])
+
+
+def test_runs_split_by_method_and_seed_merge_into_the_whole_result(tmp_path):
+    whole = _small_benchmark(tmp_path, "[0, 1]")
+    sgld_only = _small_benchmark(tmp_path, "[0, 1]", "methods.adam.enabled=false")
+    adam_parts = [
+        _small_benchmark(tmp_path, f"[{s}]", "methods.sgld.enabled=false") for s in (0, 1)
+    ]
+    merged = merge_seed_results([sgld_only, *adam_parts])
+    assert merged.summary["seeds"] == [0, 1]
+    assert list(merged.summary["methods"]) == ["sgld", "adam"]
+    assert merged.summary["config"]["methods"]["adam"]["enabled"]
+    for key in ("sgld", "adam"):
+        got, want = merged.summary["methods"][key], whole["methods"][key]
+        assert got["summary"]["average_nll"]["mean"] == pytest.approx(
+            want["summary"]["average_nll"]["mean"]
+        )
+    with pytest.raises(ValueError, match="different seeds"):
+        merge_seed_results([sgld_only, adam_parts[0]])

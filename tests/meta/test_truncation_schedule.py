@@ -178,8 +178,87 @@ def test_accumulated_segment_gradient_is_the_sum_of_its_windows_gradients(monkey
     assert checked >= 3  # the parameters do move the chains
 
 
+EPOCH_POOL = {**PAPER, "in_chain_span": "epoch"}
+
+
+def test_in_chain_pool_over_the_epoch_keeps_its_chains_and_earlier_samples(monkeypatch):
+    s = settings(**EPOCH_POOL, sub_epochs=3)
+    seen: list[tuple[list[int], int, int]] = []  # (chain subset, earlier, collected) per loss
+
+    class Recording(InChainCollector):
+        def loss(self, *args, **kwargs):
+            seen.append((self.chains.tolist(), self.n_earlier, self.n_samples))
+            return super().loss(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "InChainCollector", Recording)
+    MetaTrainer(new_sampler(), family(), s, progress=False).train()
+    per_segment = seen[0][2]
+    assert per_segment > 0 and len(seen) == s.epochs * s.sub_epochs
+    for epoch in range(s.epochs):
+        losses = seen[epoch * s.sub_epochs : (epoch + 1) * s.sub_epochs]
+        assert [n for _, n, _ in losses] == [sub * per_segment for sub in range(s.sub_epochs)]
+        assert len({tuple(chains) for chains, _, _ in losses}) == 1  # one subset per epoch
+    with pytest.raises(ConfigError, match="in_chain_span=epoch needs train.continue_chains"):
+        load_config(None, ["train.in_chain_span=epoch", "train.accumulate=true"])
+
+
+def test_in_chain_loss_scores_the_collected_samples_against_the_whole_pool():
+    """The Stein estimate of a loss covers the retired samples; the gradient does not."""
+    gen = torch.Generator().manual_seed(0)
+    collector = InChainCollector(4, n_select=2, generator=gen)
+    first = torch.randn(3, 4, 2, generator=gen)  # (steps, chains, D)
+    later = torch.randn(2, 4, 2, generator=gen).requires_grad_()
+    grads = torch.randn(5, 4, 2, generator=gen)
+    for t in range(3):
+        collector.collect(t + 1, first[t], grads[t])
+    collector.retire()
+    assert collector.n_samples == 0 and collector.n_earlier == 6
+    for t in range(2):
+        collector.collect(t + 4, later[t], grads[3 + t])
+    loss = collector.loss(ridge=0.05)
+    chains = collector.chains
+    pooled = torch.cat([first[:, chains].transpose(0, 1), later[:, chains].transpose(0, 1)], 1)
+    score = stein_score(pooled.detach().reshape(-1, 2), ridge=0.05).reshape(2, 5, 2)[:, 3:]
+    direction = grads[3:, chains].transpose(0, 1) + score
+    manual = (direction * later[:, chains].transpose(0, 1)).sum() / 4
+    assert torch.allclose(loss, manual)
+    (grad,) = torch.autograd.grad(loss, later)
+    assert torch.allclose(grad[:, chains], direction.transpose(0, 1) / 4)
+    alone = InChainCollector(4, n_select=2, generator=torch.Generator().manual_seed(0))
+    for t in range(2):
+        alone.collect(t + 4, later[t], grads[3 + t])
+    assert not torch.allclose(alone.loss(ridge=0.05), loss)  # the earlier samples matter
+    collector.select_chains(gen)
+    assert collector.n_earlier == 0
+
+
+def test_exported_nets_are_the_mean_of_the_last_epochs_nets(monkeypatch):
+    s = settings(epochs=4, average_last=2)
+    trainer = MetaTrainer(new_sampler(), family(), s, progress=False)
+    snapshots = {}
+    real_end = trainer._end_epoch
+
+    def record(epoch, losses):
+        snapshots[epoch] = {k: v.clone() for k, v in trainer.sampler.named_parameters()}
+        real_end(epoch, losses)
+
+    monkeypatch.setattr(trainer, "_end_epoch", record)
+    trainer.train()
+    final = dict(trainer.final_sampler().named_parameters())
+    for name, value in final.items():
+        mean = (snapshots[3][name] + snapshots[4][name]) / 2
+        assert torch.allclose(value, mean, atol=1e-7), name
+        assert not torch.allclose(snapshots[3][name], snapshots[4][name])  # it did move
+    unaveraged = MetaTrainer(new_sampler(), family(), settings(epochs=1), progress=False)
+    assert unaveraged.final_sampler() is unaveraged.sampler
+    with pytest.raises(ConfigError, match="average_last"):
+        load_config(None, ["train.epochs=3", "train.average_last=4"])
+
+
 @pytest.mark.parametrize(
-    "schedule", [PAPER, dict(step_per_loss=True), dict(continue_chains=True)], ids=str
+    "schedule",
+    [PAPER, EPOCH_POOL, dict(step_per_loss=True), dict(continue_chains=True)],
+    ids=str,
 )
 def test_resume_is_bit_exact_with_the_new_schedules(tmp_path, schedule):
     full = settings(epochs=3, **schedule)
@@ -197,6 +276,33 @@ def test_resume_is_bit_exact_with_the_new_schedules(tmp_path, schedule):
     assert resumed.history.loss == straight.history.loss
     for (name, a), b in zip(
         straight.sampler.state_dict().items(), resumed.sampler.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+def test_an_interrupted_averaging_run_resumes_to_the_same_exported_nets(tmp_path):
+    full = settings(epochs=3, average_last=2)
+    straight = MetaTrainer(new_sampler(), family(), full, seed=5, progress=False)
+    straight.train()
+    run_dir = tmp_path / "run"
+    first = MetaTrainer(new_sampler(), family(), full, run_dir=run_dir, seed=5, progress=False)
+    real_problems = first.problems
+
+    def stop_at_epoch_3(epoch, generator):
+        if epoch == 3:
+            raise KeyboardInterrupt
+        return real_problems(epoch, generator)
+
+    first.problems = stop_at_epoch_3
+    with pytest.raises(KeyboardInterrupt):
+        first.train()  # checkpoints after epochs 1 and 2, in the window from epoch 2
+    resumed = MetaTrainer(new_sampler(7), family(), full, run_dir=run_dir, seed=9, progress=False)
+    assert resumed.resume() == 2
+    resumed.train()
+    for (name, a), b in zip(
+        straight.final_sampler().state_dict().items(),
+        resumed.final_sampler().state_dict().values(),
+        strict=True,
     ):
         assert torch.equal(a, b), name
 
