@@ -10,8 +10,10 @@ round's SGHMC block time.
   ``torch.no_grad()`` as ``metasampler.sample`` runs them. Variants: the shipped MNIST
   sampler (``pretrained/mnist_mlp.safetensors``, 10-unit nets) loaded with no flags (exact
   Gamma, and ``gamma="finite_difference"``), the same forced eager (``use_compile=False``),
-  and default ``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` nets. The warm-up waits for the
-  background compiles, so the timed steps are the steady state.
+  the shipped sampler of the new MNIST recipe (``mnist_mlp_transfer``: a curl ``Q_f(U)``
+  without the momentum input, so one net per coordinate instead of three), and default
+  ``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` nets. The warm-up waits for the background
+  compiles, so the timed steps are the steady state.
 * ``meta``: one unrolled meta-training window (W = 5 steps with autograd, then the backward
   of a loss on the final state) per block, divided by W, against an SGHMC sampling step:
   784-20-10 MLP (D = 15,910), K = 20, batch 500, 10-unit nets; and the 20-D toy Gaussian,
@@ -56,6 +58,7 @@ from metasampler.samplers import SGHMC
 SECTION = "## NNSGHMC per-step overhead (speed/bench_nnsghmc_overhead.py)"
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "pretrained" / "mnist_mlp.safetensors"
+TRANSFER = ROOT / "pretrained" / "mnist_mlp_transfer.safetensors"  # energy-only curl
 
 
 def mlp_target(hidden: tuple[int, ...], n_chains: int = 20):
@@ -86,6 +89,8 @@ def sampling_variants() -> dict:
         "shipped exact": load_sampler(SHIPPED),
         "shipped FD": load_sampler(SHIPPED, gamma="finite_difference"),
         "shipped exact, eager": eager,
+        "mnist_mlp_transfer exact": load_sampler(TRANSFER),
+        "mnist_mlp_transfer FD": load_sampler(TRANSFER, gamma="finite_difference"),
         "40-unit exact": wide["exact"],
         "40-unit FD": wide["finite_difference"],
     }
