@@ -264,8 +264,10 @@ class MetaTrainer(CheckpointMixin):
             value = self.update.end_segment(accumulated, collector, keep_graph)
             if value is not None:
                 losses.append(value)
-        if collector is not None:  # the epoch's later segments still see its samples
-            collector.retire() if schedule.pool_spans_epoch else collector.clear()
+        if collector is not None and schedule.pool_spans_epoch:
+            collector.retire()  # the epoch's later segments still see its samples
+        elif collector is not None:
+            collector.clear()
         self.pool.add(state.theta, state.momentum)
         if sub == self.settings.sub_epochs - 1:
             self.report.chain_summaries(self.sampler, state, problem.target, epoch)
