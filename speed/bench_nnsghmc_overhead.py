@@ -20,7 +20,8 @@ round's SGHMC block time.
   K = 50, 40-unit nets. Variants: the default (autograd through the step function), the
   recomputing backward (``step_path="recompute"``) and ``torch.compile`` with autograd
   (``step_path="compiled"``, what ``train.compile_steps`` selects; its compile falls in the
-  untimed warm-up round).
+  untimed warm-up round); the last two again with the energy-only curl ``Q_f(U)``
+  (``q_momentum_input=False``, as ``configs/mnist_mlp_transfer.yaml`` trains).
 * ``first-use``: a fresh process with empty compile caches (``TORCHINDUCTOR_CACHE_DIR`` and
   ``METASAMPLER_CACHE_DIR`` pointing to a new directory) runs 30 steps of the shipped sampler
   on the MLP, against 30 SGHMC steps in another fresh process.
@@ -119,10 +120,15 @@ def time_sampling(target, samplers: dict, init, steps: int, warmup: int, repeats
 def time_meta(target, init, hidden: int, window: int, repeats: int, eta: float):
     """ms per unrolled step (forward + backward / W) of each path, and SGHMC's sampling step."""
     samplers = {"SGHMC": SGHMC(eta=eta, friction=1.0)}
-    for path in ("auto", "recompute", "compiled"):
-        s = NNSGHMC(eta=eta, q_hidden=(hidden,), d_hidden=(hidden,), beta_off=1.0, c=1.0)
+    variants = [("auto", True), ("recompute", True), ("compiled", True)]
+    variants += [("auto", False), ("compiled", False)]  # the energy-only curl, Q_f(U)
+    for path, momentum_input in variants:
+        s = NNSGHMC(
+            eta=eta, q_hidden=(hidden,), d_hidden=(hidden,), beta_off=1.0, c=1.0,
+            q_momentum_input=momentum_input,
+        )  # fmt: skip
         s.step_path = path
-        samplers[f"meta {path}"] = s
+        samplers[f"meta {path}" + ("" if momentum_input else ", curl Q_f(U)")] = s
     times: dict[str, list[float]] = {name: [] for name in samplers}
     gen = torch.Generator().manual_seed(1)
     for rnd in range(repeats + 1):
@@ -141,9 +147,9 @@ def time_meta(target, init, hidden: int, window: int, repeats: int, eta: float):
                 loss.backward()
             if rnd > 0:  # round 0 is the warm-up
                 times[name].append((time.perf_counter() - t0) / window * 1e3)
-            elif name == "meta compiled":
+            elif name.startswith("meta compiled"):
                 first = time.perf_counter() - t0
-                print(f"meta compiled: first window (with the compile) {first:.0f} s", flush=True)
+                print(f"{name}: first window (with the compile) {first:.0f} s", flush=True)
     return times
 
 
