@@ -57,8 +57,10 @@ class KernelSpec:
     """What one compiled package bakes in (its inputs are tensors of any ``(K, D)``)."""
 
     cfg: StepConfig
-    q_widths: tuple[int, ...]
-    d_widths: tuple[int, ...]
+    # The shape of every weight and bias, as `_net_tensors` lists them: export bakes them in,
+    # and the compiled package does not check them when called.
+    q_shapes: tuple[tuple[int, ...], ...]
+    d_shapes: tuple[tuple[int, ...], ...]
     dtype: str
     device: str
     prior: bool
@@ -71,8 +73,8 @@ class KernelSpec:
         """The package a step with these arguments needs."""
         return cls(
             cfg=args.cfg,
-            q_widths=tuple(int(w.shape[0]) for w, _ in args.q_net[0]),
-            d_widths=tuple(int(w.shape[0]) for w, _ in args.d_net[0]),
+            q_shapes=tuple(tuple(t.shape) for t in _net_tensors(args.q_net)),
+            d_shapes=tuple(tuple(t.shape) for t in _net_tensors(args.d_net)),
             dtype=str(args.p.dtype).removeprefix("torch."),
             device=args.p.device.type,
             prior=args.prior_grad is not None,
@@ -88,8 +90,8 @@ class KernelSpec:
     def from_json(cls, text: str) -> KernelSpec:
         raw = json.loads(text)
         raw["cfg"] = StepConfig(**raw["cfg"])
-        for name in ("q_widths", "d_widths"):
-            raw[name] = tuple(raw[name])
+        for name in ("q_shapes", "d_shapes"):
+            raw[name] = tuple(tuple(shape) for shape in raw[name])
         return cls(**raw)
 
     @functools.cache  # noqa: B019 (few specs per process; reads the source files once)
@@ -109,27 +111,47 @@ def _net_tensors(net) -> list[Tensor]:
     return [t for pair in (*layers, head) for t in pair]
 
 
+def _n_layers(shapes: tuple[tuple[int, ...], ...]) -> int:
+    return (len(shapes) - 2) // 2  # (weight, bias) per hidden layer, then the head's pair
+
+
 def _net_from(it: Iterator[Tensor], n_layers: int):
     layers = tuple((next(it), next(it)) for _ in range(n_layers))
     return layers, (next(it), next(it))
 
 
+def _energy_per_chain(spec: KernelSpec) -> bool:
+    """Whether the energy input enters as ``(K, 1)`` rather than expanded to ``(K, D)``.
+
+    With an energy-only curl ``Q_f(U)`` a ``(K, 1)`` energy lets ``f_Q`` run once per chain
+    instead of once per coordinate (784-40-40-10 MLP, K = 20, 10-unit nets: 21 -> 14 ms per
+    compiled step). When the curl also takes the momentum, the energy feeds per-coordinate
+    units anyway and a ``(K, 1)`` operand splits the fused loop, storing every hidden unit
+    (26 -> 66 ms), so it is expanded."""
+    return not spec.cfg.q_momentum
+
+
 def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
-    """The package's inputs: coordinate tensors ``(K, D)`` (the per-chain energy expanded: a
-    ``(K, 1)`` operand would split the fused loop), the scalars as one tensor (a float would be
-    baked in), then the nets' weights."""
+    """The package's inputs: coordinate tensors ``(K, D)``, the energy input ``(K, 1)`` or
+    expanded (:func:`_energy_per_chain`), the scalars as one tensor (a float would be baked
+    in), then the nets' weights."""
     p = args.p
 
-    def full(x: Tensor) -> Tensor:
+    def energy(x: Tensor) -> Tensor:  # (constant along the coordinates)
+        if _energy_per_chain(spec):
+            return x[..., :1]
         return x.expand(p.shape).contiguous() if x.shape != p.shape else x
 
     flat = [args.theta, p, args.grad]
     flat += [args.prior_grad] if spec.prior else []
-    flat += [full(args.u)]
+    flat += [energy(args.u)]
     flat += [args.noise] if spec.noise else []
-    flat += [full(args.cache[0]), *args.cache[1:]] if spec.cache else []
+    flat += [energy(args.cache[0]), *args.cache[1:]] if spec.cache else []
+    # The package assumes dense row-major inputs and does not check: an expanded view (e.g.
+    # the cached Q_f of an energy-only curl) would be read as the wrong numbers.
+    flat = [x.contiguous() for x in flat]
     flat.append(torch.tensor([float(args.v[k]) for k in SCALARS], dtype=p.dtype, device=p.device))
-    return flat + _net_tensors(args.q_net) + _net_tensors(args.d_net)
+    return flat + [t.contiguous() for t in (*_net_tensors(args.q_net), *_net_tensors(args.d_net))]
 
 
 def step_from_flat(spec: KernelSpec, *flat: Tensor) -> tuple[Tensor, ...]:
@@ -142,8 +164,8 @@ def step_from_flat(spec: KernelSpec, *flat: Tensor) -> tuple[Tensor, ...]:
     noise = next(it) if spec.noise else None
     cache = tuple(next(it) for _ in range(4)) if spec.cache else None
     v = dict(zip(SCALARS, next(it).unbind(0), strict=True))
-    q_net = _net_from(it, len(spec.q_widths))
-    d_net = _net_from(it, len(spec.d_widths))
+    q_net = _net_from(it, _n_layers(spec.q_shapes))
+    d_net = _net_from(it, _n_layers(spec.d_shapes))
     out = nnsghmc_update(theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, spec.cfg)
     return out[:3] + (() if out[3] is None else tuple(out[3][1:]))
 
@@ -157,33 +179,47 @@ class _Step(torch.nn.Module):
         return step_from_flat(self.spec, *flat)
 
 
-def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], int]:
-    """Inputs of the right structure for export, and how many are coordinate tensors."""
+def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], list[dict | None]]:
+    """Inputs of the right structure for export, and their dynamic dimensions: ``K`` and
+    ``D`` of every coordinate tensor (``K`` alone for a per-chain energy input)."""
     dtype, device = getattr(torch, spec.dtype), torch.device(spec.device)
-    n_coords = 4 + spec.prior + spec.noise + 4 * spec.cache
     gen = torch.Generator().manual_seed(0)
+    k, d = torch.export.Dim("K", min=2), torch.export.Dim("D", min=2)
+    flat, dims = [], []
 
-    def randn(*shape: int) -> Tensor:
-        return torch.randn(shape, generator=gen, dtype=dtype).to(device)
+    def add(shape: tuple[int, ...], dynamic: dict | None = None) -> None:
+        flat.append(torch.randn(shape, generator=gen, dtype=dtype).to(device))
+        dims.append(dynamic)
 
-    flat = [randn(_EXAMPLE_K, _EXAMPLE_D) for _ in range(n_coords)]
-    flat.append(torch.rand(len(SCALARS), generator=gen, dtype=dtype).to(device) + 0.5)
-    for n_in, widths in ((2, spec.q_widths), (3, spec.d_widths)):
-        for w in widths:
-            flat += [randn(w, n_in), randn(w)]
-            n_in = w
-        flat += [randn(n_in), randn()]
-    return flat, n_coords
+    def coords(n: int) -> None:
+        for _ in range(n):
+            add((_EXAMPLE_K, _EXAMPLE_D), {0: k, 1: d})
+
+    def energy() -> None:
+        if _energy_per_chain(spec):
+            add((_EXAMPLE_K, 1), {0: k})
+        else:
+            coords(1)
+
+    coords(3 + spec.prior)  # theta, p, grad (, prior_grad)
+    energy()
+    coords(spec.noise)
+    if spec.cache:
+        energy()
+        coords(3)
+    add((len(SCALARS),))
+    flat[-1] = flat[-1].abs() + 0.5  # (positive scalars, e.g. eta)
+    for shape in (*spec.q_shapes, *spec.d_shapes):
+        add(shape)
+    return flat, dims
 
 
 def build(spec: KernelSpec, package: Path) -> None:
     """Export and compile the step for ``spec`` into ``package`` (with its checksum)."""
     torch.set_num_threads(spec.threads)
-    flat, n_coords = _example_inputs(spec)
-    k, d = torch.export.Dim("K", min=2), torch.export.Dim("D", min=2)
-    shapes = [{0: k, 1: d}] * n_coords + [None] * (len(flat) - n_coords)
+    flat, dims = _example_inputs(spec)
     with torch.no_grad():
-        program = torch.export.export(_Step(spec), tuple(flat), dynamic_shapes=(tuple(shapes),))
+        program = torch.export.export(_Step(spec), tuple(flat), dynamic_shapes=(tuple(dims),))
         tmp = package.with_name(f"{package.stem}.{os.getpid()}.tmp.pt2")
         torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
     digest = _sha256(tmp)

@@ -386,13 +386,23 @@ def test_compiled_training_step_gives_the_plain_meta_gradient(gamma):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("hidden", "gamma"), [((4,), "exact"), ((4,), "finite_difference"), ((3, 3), "exact")]
+    ("hidden", "gamma", "q_momentum_input"),
+    [
+        ((4,), "exact", True),
+        ((4,), "finite_difference", True),
+        ((3, 3), "exact", True),
+        ((4,), "finite_difference", False),
+    ],
 )
-def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, tmp_path, monkeypatch):
+def test_compiled_sampling_step_matches_the_eager_step(
+    hidden, gamma, q_momentum_input, tmp_path, monkeypatch
+):
     # compile=True runs the same step function compiled ahead of time (AOTInductor, built in
     # a child process); it must give the eager trajectory up to float32 rounding, must not
     # have fallen back, and a later process (here: a cleared registry) loads the cached
-    # package without building it again.
+    # package without building it again. The energy-only curl has a one-input f_Q and a
+    # per-chain energy input: a package exported with other weight shapes read the wrong
+    # weights (session 8).
     from metasampler.learned import aot, fast
 
     if fast.compile_unavailable(torch.device("cpu")):
@@ -403,7 +413,7 @@ def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, tmp_path, 
     monkeypatch.setattr(aot, "_FAILED", set())
     target, _ = quadratic_target(noise=0.5)
     init = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
-    kwargs = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2)
+    kwargs = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, q_momentum_input=q_momentum_input)
     eager = path_sampler(hidden, gamma, compile=False, **kwargs)
     compiled = path_sampler(hidden, gamma, compile=True, **kwargs)
     expected = run_path(eager, "auto", target, init, n_steps=30)
