@@ -358,17 +358,23 @@ def test_recomputing_backward_equals_autograd_and_finite_differences(gamma, deta
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
-def test_compiled_training_step_gives_the_plain_meta_gradient(gamma):
+@pytest.mark.parametrize(
+    ("gamma", "q_momentum_input"),
+    [("exact", True), ("finite_difference", True), ("finite_difference", False)],
+)
+def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, q_momentum_input):
     # torch.compile with autograd (meta-training's train.compile_steps) is a transformation
-    # of the same function: the meta-gradient of a 5-step unroll equals plain autograd's.
+    # of the same function: the meta-gradient of a 5-step unroll equals plain autograd's
+    # (also for the energy-only curl, whose energy input enters per chain, as (K, 1)).
     from metasampler.learned import fast
 
     if fast.compile_unavailable(torch.device("cpu")):
         pytest.skip("no compiler for the compiled step")
     target = SplitPriorTarget()
     init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    sampler = path_sampler((3,), gamma, eta=0.05, beta_off=0.5, alpha=0.2, c=0.1).double()
+    sampler = path_sampler(
+        (3,), gamma, eta=0.05, beta_off=0.5, alpha=0.2, c=0.1, q_momentum_input=q_momentum_input
+    ).double()
 
     def meta_gradient(path: str) -> tuple[torch.Tensor, ...]:
         state = run_path(sampler, path, target, init, n_steps=5, grad=True)
