@@ -111,8 +111,8 @@ def _arg(
     config: bool = True,
 ) -> Any:
     """One argument: ``check`` names its valid values (``"widths"``, ``"finite"``,
-    ``"non_negative"``, ``"positive"``, ``"positive_or_none"``, ``"bool"``) or is the
-    :class:`Enum` of its choices."""
+    ``"non_negative"``, ``"positive"``, ``"positive_or_none"``, ``"bool"``, ``"fraction"``:
+    ``[0, 1)``) or is the :class:`Enum` of its choices."""
     metadata = {"doc": doc, "check": check, "section": section, "since": since, "config": config}
     return field(default=default, metadata=metadata)
 
@@ -217,6 +217,24 @@ class NNSGHMCArgs:
         check=EnergyInput,
         since=3,
     )
+    q_stiffness_input: bool = _arg(
+        False,
+        "also feed ``f_phiQ`` each coordinate's stiffness ``s_i = log(eta sqrt(V_i))``, ``V_i`` "
+        "a running mean of ``(d_i Ũ)^2`` over the chain's past steps (at equilibrium "
+        "``E[(d_i U)^2] = E[d_i^2 U]``, the curvature): ``s_i`` is the step over the "
+        "coordinate's length scale, the same number whatever ``N`` and ``eta`` are, so the curl "
+        "can be smaller where the target is stiff. ``V`` is frozen within a step (it holds "
+        "earlier gradients only), so Gamma needs no derivative of it; it adapts as pSGLD's "
+        "preconditioner does (``stiffness_decay``). Needs ``gamma='exact'`` (not in the SPEC; "
+        "#11).",
+        check="bool", section=ARCHITECTURE, since=5,
+    )  # fmt: skip
+    stiffness_decay: float = _arg(
+        0.99,
+        "``V_i`` is the mean of ``(d_i Ũ)^2`` over the first ``1 / (1 - decay)`` steps, then "
+        "an exponential average with this decay (used with ``q_stiffness_input``).",
+        check="fraction", since=5,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -313,10 +331,13 @@ def _checked(f: Field, value: Any) -> Any:
         "finite": lambda v: math.isfinite(v),
         "non_negative": lambda v: v >= 0 and math.isfinite(v),
         "positive": lambda v: v > 0 and math.isfinite(v),
+        "fraction": lambda v: 0 <= v < 1,
     }[check]
     if not ok(value):
-        what = {"finite": "finite", "non_negative": "a finite number >= 0"}.get(
-            check, "a finite number > 0"
-        )
+        what = {
+            "finite": "finite",
+            "non_negative": "a finite number >= 0",
+            "fraction": "a number in [0, 1)",
+        }.get(check, "a finite number > 0")
         raise ValueError(f"{name} must be {what}, got {value!r}")
     return float(value)

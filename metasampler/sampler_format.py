@@ -44,9 +44,9 @@ __all__ = [
 
 FORMAT = "metasampler.nnsghmc"
 #: The format version written.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: Format versions read (1: header not covered by the checksum).
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: The safetensors metadata key holding the JSON header.
 HEADER_KEY = "metasampler"
 CHECKSUM_TENSORS = "sha256"  # format version 1: tensors only
@@ -128,6 +128,14 @@ def _any_json(value: Any) -> str | None:
 
 
 _POSITIVE = _real(0.0, MAX_CONSTANT, low_open=True)
+
+
+def _fraction(value: Any) -> str | None:
+    if _real(0.0, 1.0)(value) is not None or value == 1:
+        return "a number in [0, 1)"
+    return None
+
+
 #: The file's check for each kind of NNSGHMC argument (``metasampler.nnsghmc_args``).
 _ARG_CHECKS: dict[str, Check] = {
     "widths": _widths,
@@ -136,6 +144,7 @@ _ARG_CHECKS: dict[str, Check] = {
     "positive": _POSITIVE,
     "positive_or_none": _optional(_POSITIVE),
     "bool": _bool,
+    "fraction": _fraction,
 }
 
 

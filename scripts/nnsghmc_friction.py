@@ -97,7 +97,9 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
 
     target, x_test, y_test = problem.target, problem.data.x_test, problem.data.y_test
     with torch.no_grad():
-        terms = sampler.drift_terms(state.theta, state.momentum, target, eta=eta_k)
+        terms = sampler.drift_terms(
+            state.theta, state.momentum, target, eta=eta_k, grad_sq=state.extras.get("grad_sq")
+        )
     q, d = terms.q.double(), terms.d.double()
     clamped = ((q - sampler.beta_off).abs() >= sampler.q_clamp - 1e-6).double().mean()
     units = getattr(sampler, "friction_units", "absolute")

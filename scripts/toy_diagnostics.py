@@ -52,22 +52,35 @@ def _exact(task: GaussianTask, n: int, seed: int) -> torch.Tensor:
     return task.mean + noise @ task.cov_cholesky.T
 
 
+def _equilibrium_grad_sq(sampler: ms.NNSGHMC, task: GaussianTask) -> dict:
+    """``grad_sq=`` for a sampler with the stiffness input: ``E[(d_i Ũ)^2]`` at equilibrium,
+    the precision's diagonal plus the gradient noise's variance (1); else nothing."""
+    if not getattr(sampler, "q_stiffness_input", False):
+        return {}
+    return {"grad_sq": torch.linalg.inv(task.cov).diagonal() + 1.0}
+
+
 def coefficients(sampler: ms.NNSGHMC, train: GaussianTask, test: GaussianTask) -> str:
-    """``|Q_f|`` and ``D_f`` at equilibrium of the training and the test Gaussian."""
+    """``|Q_f|`` and ``D_f`` at equilibrium of the training and the test Gaussian (with the
+    stiffness input also ``|Q_f|`` of the stiffest and the broadest coordinate)."""
     parts = []
     for name, task in (("train", train), ("test", test)):
         theta = _exact(task, 500, 0)
         p = torch.randn(
             theta.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64
         )
-        terms = sampler.drift_terms(theta, p, task.target(1.0, dtype=torch.float64), eta=ETA)
+        grad_sq = _equilibrium_grad_sq(sampler, task)
+        target = task.target(1.0, dtype=torch.float64)
+        terms = sampler.drift_terms(theta, p, target, eta=ETA, **grad_sq)
         q, d = terms.q.abs(), terms.d
         on_q = (q >= sampler.q_clamp - 1e-6).double().mean()
         on_d = (d >= sampler.d_clamp - 1e-6).double().mean() if sampler.d_clamp else 0.0
-        parts.append(
-            f"{name}: |Q| {q.mean():.2f} ({on_q:.0%} clamped), "
-            f"D {d.mean():.2f} ({on_d:.0%} clamped)"
-        )
+        text = f"{name}: |Q| {q.mean():.2f} ({on_q:.0%} clamped)"
+        if grad_sq:
+            order = grad_sq["grad_sq"].argsort()
+            column = q.mean(0)
+            text += f" [stiffest {column[order[-1]]:.2f}, broadest {column[order[0]]:.2f}]"
+        parts.append(f"{text}, D {d.mean():.2f} ({on_d:.0%} clamped)")
     return "; ".join(parts)
 
 
@@ -77,7 +90,9 @@ def shape(sampler: ms.NNSGHMC, test: GaussianTask) -> str:
     target = test.target(1.0, dtype=torch.float64)
     rows = []
     for p in (-3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0):
-        terms = sampler.drift_terms(theta, torch.full_like(theta, p), target, eta=ETA)
+        terms = sampler.drift_terms(
+            theta, torch.full_like(theta, p), target, eta=ETA, **_equilibrium_grad_sq(sampler, test)
+        )
         rows.append(f"p={p:+.0f}: Q {terms.q.mean():+.2f} D {terms.d.mean():.2f}")
     return " | ".join(rows)
 

@@ -247,7 +247,7 @@ def test_header_contents(saved):
     sampler, path = saved
     header = read_header(path)
     assert header["format"] == FORMAT == "metasampler.nnsghmc"
-    assert header["format_version"] == FORMAT_VERSION == 4
+    assert header["format_version"] == FORMAT_VERSION == 5
     assert header["checksum"]["algorithm"] == CHECKSUM_FULL
     assert header["architecture"] == {
         "q_hidden": [8, 6],
@@ -255,6 +255,7 @@ def test_header_contents(saved):
         "activation": "softplus",
         "d_output": "abs",
         "q_momentum_input": True,
+        "q_stiffness_input": False,
         "dtype": "float32",
     }
     assert header["constants"]["gamma"] == "finite_difference"
@@ -469,14 +470,14 @@ def test_wrong_format_name(saved, tmp_path):
         load_sampler(bad)
 
 
-@pytest.mark.parametrize("version", [99, 0, "1", 5])
+@pytest.mark.parametrize("version", [99, 0, "1", 6])
 def test_other_format_version(saved, tmp_path, version):
     _, path = saved
     bad = rewrite(
         path, tmp_path / "v.safetensors", header=lambda h: h.update(format_version=version)
     )
     message = f"written by format version {version!r}; this metasampler reads versions "
-    message += "1, 2, 3 and 4"
+    message += "1, 2, 3, 4 and 5"
     with pytest.raises(SamplerFileError, match=re.escape(message)):
         load_sampler(bad)
     assert read_header(bad)["format_version"] == version  # inspection still works
@@ -484,10 +485,12 @@ def test_other_format_version(saved, tmp_path, version):
 
 def as_version_1(header: dict) -> None:
     """A version-1 header: written before d_clamp, grad_input and friction_units (version 2),
-    energy_input (version 3) and q_momentum_input (version 4) existed."""
+    energy_input (version 3), q_momentum_input (version 4), q_stiffness_input and
+    stiffness_decay (version 5) existed."""
     header["format_version"] = 1
-    del header["architecture"]["q_momentum_input"]
-    for name in ("d_clamp", "grad_input", "friction_units", "energy_input"):
+    for name in ("q_momentum_input", "q_stiffness_input"):
+        del header["architecture"][name]
+    for name in ("d_clamp", "grad_input", "friction_units", "energy_input", "stiffness_decay"):
         del header["constants"][name]
     header["checksum"]["algorithm"] = "sha256"  # over the tensors only (set by rewrite)
 

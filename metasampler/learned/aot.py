@@ -67,6 +67,7 @@ class KernelSpec:
     noise: bool
     cache: bool
     threads: int
+    stiffness: bool = False
 
     @classmethod
     def of(cls, args: StepArgs) -> KernelSpec:
@@ -81,6 +82,7 @@ class KernelSpec:
             noise=args.noise is not None,
             cache=args.cache is not None,
             threads=torch.get_num_threads(),
+            stiffness=args.stiffness is not None,
         )
 
     def to_json(self) -> str:
@@ -127,8 +129,8 @@ def _energy_per_chain(spec: KernelSpec) -> bool:
     instead of once per coordinate (784-40-40-10 MLP, K = 20, 10-unit nets: 21 -> 14 ms per
     compiled step). When the curl also takes the momentum, the energy feeds per-coordinate
     units anyway and a ``(K, 1)`` operand splits the fused loop, storing every hidden unit
-    (26 -> 66 ms), so it is expanded."""
-    return not spec.cfg.q_momentum
+    (26 -> 66 ms), so it is expanded; so it is when the curl takes the stiffness."""
+    return not (spec.cfg.q_momentum or spec.stiffness)
 
 
 def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
@@ -147,6 +149,7 @@ def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
     flat += [energy(args.u)]
     flat += [args.noise] if spec.noise else []
     flat += [energy(args.cache[0]), *args.cache[1:]] if spec.cache else []
+    flat += [args.stiffness] if spec.stiffness else []
     # The package assumes dense row-major inputs and does not check: an expanded view (e.g.
     # the cached Q_f of an energy-only curl) would be read as the wrong numbers.
     flat = [x.contiguous() for x in flat]
@@ -163,10 +166,13 @@ def step_from_flat(spec: KernelSpec, *flat: Tensor) -> tuple[Tensor, ...]:
     u = next(it)
     noise = next(it) if spec.noise else None
     cache = tuple(next(it) for _ in range(4)) if spec.cache else None
+    stiffness = next(it) if spec.stiffness else None
     v = dict(zip(SCALARS, next(it).unbind(0), strict=True))
     q_net = _net_from(it, _n_layers(spec.q_shapes))
     d_net = _net_from(it, _n_layers(spec.d_shapes))
-    out = nnsghmc_update(theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, spec.cfg)
+    out = nnsghmc_update(
+        theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, spec.cfg, stiffness
+    )
     return out[:3] + (() if out[3] is None else tuple(out[3][1:]))
 
 
@@ -207,6 +213,7 @@ def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], list[dict | None]]:
     if spec.cache:
         energy()
         coords(3)
+    coords(spec.stiffness)
     add((len(SCALARS),))
     flat[-1] = flat[-1].abs() + 0.5  # (positive scalars, e.g. eta)
     for shape in (*spec.q_shapes, *spec.d_shapes):

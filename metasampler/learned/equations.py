@@ -39,6 +39,7 @@ class StepConfig:
     clamp_d: bool  # d_clamp is set
     detach: bool  # stop-gradient net inputs
     q_momentum: bool = True  # f_phiQ takes p_hat (else Q_f = f_phiQ(U): no Gamma_theta)
+    q_stiffness: bool = False  # f_phiQ also takes the per-coordinate stiffness (constant in z)
 
 
 # -- the NNSGHMC equations, written once ------------------------------------------------------
@@ -49,16 +50,29 @@ def _secant(numerator: Tensor, denominator: Tensor) -> Tensor:
     return torch.where(ok, numerator / torch.where(ok, denominator, 1.0), 0.0)
 
 
-def _curl(q_net: NetParams, u: Tensor, p_hat: Tensor, v, cfg: StepConfig, wrt: Sequence[int]):
-    """``Q_f = beta_off + clamp(f_phiQ(u, p_hat))`` and ``dQ_f / d(u, p_hat)[wrt]``, at the
+def _curl(
+    q_net: NetParams,
+    u: Tensor,
+    p_hat: Tensor,
+    stiffness: Tensor | None,
+    v,
+    cfg: StepConfig,
+    wrt: Sequence[int],
+):
+    """``Q_f = beta_off + clamp(f_phiQ(u, p_hat, s))`` and ``dQ_f / d(u, p_hat)[wrt]``, at the
     shape of ``p_hat``; without the momentum input ``dQ_f / dp_hat`` is ``None`` (zero).
 
     SPEC §3 (004 eq. 9) feeds ``f_phiQ`` the energy and the momentum. ``cfg.q_momentum=False``
     (``q_momentum_input``, not in the SPEC) drops the momentum: the momentum-dependent curl
     learned a bias in the toy transfer's stiff directions (docs/RESULTS.md, #11); Gamma stays
-    exact, its ``dQ_f/dp`` terms being zero."""
+    exact, its ``dQ_f/dp`` terms being zero. ``cfg.q_stiffness`` adds the stiffness ``s``
+    (``q_stiffness_input``), built from earlier steps only: a constant of ``z``, so no term of
+    Gamma differentiates it."""
     inputs = [u, p_hat] if cfg.q_momentum else [u]
-    present = [f for f in wrt if f < len(inputs)]
+    n_differentiable = len(inputs)
+    if cfg.q_stiffness:
+        inputs.append(stiffness)
+    present = [f for f in wrt if f < n_differentiable]
     raw, grads = coordinate_mlp(q_net, inputs, cfg.activation, "identity", present)
     inside = raw.abs() < v["q_clamp"]
     q = raw.clamp(-v["q_clamp"], v["q_clamp"]) + v["beta_off"]
@@ -76,15 +90,17 @@ def nnsghmc_coefficients(
     v: Mapping[str, float | Tensor],
     cfg: StepConfig,
     cache: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+    stiffness: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """``Q_f``, ``D_f``, ``Gamma_p`` and ``dQ_f/dp_hat`` at ``z`` from the net inputs.
+    """``Q_f``, ``D_f``, ``Gamma_p`` and ``dQ_f/dp_hat`` at ``z`` from the net inputs
+    (``stiffness``: ``(K, D)``, used when ``cfg.q_stiffness``).
 
     ``Gamma_p`` is exact (the nets' chain rule) or, for finite differences, from the previous
     step's ``cache = (u, Q_f(z~), p_hat, dQ_f/dp_hat(z~))`` (``None`` without history: no
     Gamma on the first step); ``None`` for ``gamma="none"``.
     """
     exact = cfg.gamma == "exact"
-    q, dq = _curl(q_net, u, p_hat, v, cfg, (0, 1) if exact else ())
+    q, dq = _curl(q_net, u, p_hat, stiffness, v, cfg, (0, 1) if exact else ())
     fd, dfd = coordinate_mlp(
         d_net, [u, p_hat, g_hat], cfg.activation, cfg.d_output, (1,) if exact else ()
     )
@@ -127,6 +143,7 @@ def nnsghmc_update(
     d_net: NetParams,
     v: Mapping[str, float | Tensor],
     cfg: StepConfig,
+    stiffness: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor] | None]:
     """One NNSGHMC step (modified Euler), pure and element-wise over the coordinates.
 
@@ -137,6 +154,7 @@ def nnsghmc_update(
         noise: ``N(0, I)`` draws ``(K, D)`` (``None`` at ``T = 0``).
         cache: finite-difference history (see :func:`nnsghmc_coefficients`).
         q_net, d_net: the nets' weights; v: the scalars ``SCALARS``; cfg: the switches.
+        stiffness: ``(K, D)`` stiffness input of ``f_phiQ`` (``cfg.q_stiffness``), else ``None``.
 
     Returns:
         ``(theta_{t+1}, p_{t+1}, sum(Q_f) + sum(D_f), new cache)``; the sum is for a cheap
@@ -148,7 +166,9 @@ def nnsghmc_update(
     du = du * v["du_scale"]
     if cfg.detach:
         u, p_hat, g_hat = u.detach(), p_hat.detach(), g_hat.detach()
-    q, d, gamma_p, _ = nnsghmc_coefficients(u, p_hat, g_hat, du, q_net, d_net, v, cfg, cache)
+    q, d, gamma_p, _ = nnsghmc_coefficients(
+        u, p_hat, g_hat, du, q_net, d_net, v, cfg, cache, stiffness
+    )
     eta, temperature = v["eta"], v["temperature"]
     new_p = complete_recipe_momentum(p, grad, q, d, gamma_p, noise, eta, temperature)
     new_p_hat = new_p * v["inv_sp"]
@@ -157,7 +177,7 @@ def nnsghmc_update(
     exact = cfg.gamma == "exact"
     q_tilde, dqt_dph, new_cache = q, None, None  # Q_f(z~) = Q_f(z) without the momentum input
     if cfg.q_momentum:
-        q_tilde, dq = _curl(q_net, u, new_p_hat, v, cfg, (1,) if exact else ())
+        q_tilde, dq = _curl(q_net, u, new_p_hat, stiffness, v, cfg, (1,) if exact else ())
         dqt_dph = dq[0] if exact else None
     if cfg.gamma == "finite_difference":
         if cfg.q_momentum:
@@ -182,6 +202,7 @@ class StepArgs(NamedTuple):
     d_net: Any
     v: dict[str, float]
     cfg: Any
+    stiffness: Tensor | None = None
 
     def columns(self, cols: slice) -> StepArgs:
         """The same step restricted to the coordinate columns ``cols``."""
@@ -193,4 +214,5 @@ class StepArgs(NamedTuple):
         return self._replace(
             theta=cut(self.theta), p=cut(self.p), grad=cut(self.grad),
             prior_grad=cut(self.prior_grad), u=cut(self.u), noise=cut(self.noise), cache=cache,
+            stiffness=cut(self.stiffness),
         )  # fmt: skip

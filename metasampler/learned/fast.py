@@ -49,8 +49,9 @@ PATHS = ("auto", "plain", "blocks", "recompute", "compiled")
 # A block holds about this many coordinates (x hidden units per intermediate): ~0.6 MB of
 # float32 per (H, K, cols) tensor for 10 hidden units, which stays in a core's L2 cache.
 _BLOCK_COORDS = 1 << 14
-# The first entries of `_flatten`'s list: theta, p, grad, prior_grad, u, noise, cache x 4.
-_N_COORDS = 10
+# The first entries of `_flatten`'s list: theta, p, grad, prior_grad, u, noise, cache x 4,
+# stiffness.
+_N_COORDS = 11
 
 
 def _column_blocks(args: StepArgs) -> list[slice]:
@@ -87,6 +88,7 @@ def _flatten(args: StepArgs) -> tuple[list[Tensor | None], Callable[[list], Step
     cache = list(args.cache) if args.cache is not None else [None] * 4
     nets = [t for layer in (*q_layers, q_head, *d_layers, d_head) for t in layer]
     coords = [args.theta, args.p, args.grad, args.prior_grad, args.u, args.noise, *cache]
+    coords.append(args.stiffness)
 
     def rebuild(tensors: list) -> StepArgs:
         it = iter(tensors[len(coords) :])
@@ -100,7 +102,7 @@ def _flatten(args: StepArgs) -> tuple[list[Tensor | None], Callable[[list], Step
         return args._replace(
             theta=tensors[0], p=tensors[1], grad=tensors[2], prior_grad=tensors[3],
             u=tensors[4], noise=tensors[5], cache=None if c[0] is None else tuple(c),
-            q_net=q_net, d_net=d_net,
+            stiffness=tensors[10], q_net=q_net, d_net=d_net,
         )  # fmt: skip
 
     return coords + nets, rebuild

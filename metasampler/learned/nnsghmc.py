@@ -23,7 +23,11 @@ Net inputs (004 appendix E): ``u = s_U * (U_pd - mu_U) / sigma_U`` with the per-
 ``U_pd = (Ũ - (1 - r) * prior) / N`` (``= mean_m -log p(y_m|x_m, theta) - r/N log p(theta)``,
 ``r = D_train / D_test``), ``p_hat_i = p_i / sigma_p`` and the gradient input
 ``g_i = s_g * d_i Ũ / sigma_g`` (``grad_input="standardised"``) or ``g_i = s_g * d_i Ũ / N``
-(``grad_input="per_datum"``, the paper's; no calibrated statistic).
+(``grad_input="per_datum"``, the paper's; no calibrated statistic). Options not in the SPEC
+(#11): ``f_phiQ`` without ``p_i`` (``q_momentum_input=False``), and with the stiffness
+``s_i = log(eta sqrt(V_i))``, ``V_i`` a running mean of the chain's earlier ``(d_i Ũ)^2``
+(``q_stiffness_input``; :mod:`metasampler.learned.stiffness`): a constant of ``z`` within a
+step, so Gamma has no term for it.
 Every transformation enters the chain rule, e.g.
 ``d Q_f,i / d theta_i = (d f_phiQ / d u) * s_U / (sigma_U N) * (d_i Ũ - (1 - r) d_i prior)``.
 
@@ -84,6 +88,7 @@ from ..targets import Evaluation, Target
 from .equations import StepArgs, StepConfig, nnsghmc_coefficients
 from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
+from .stiffness import stiffness_input, update_grad_sq
 
 __all__ = [
     "NNSGHMC",
@@ -164,7 +169,15 @@ class NNSGHMC(nn.Module, Sampler):
                 "the posterior. Use it only as a diagnostic.",
                 stacklevel=2,
             )
-        q_inputs = 2 if args.q_momentum_input else 1  # (U, p_i) or U alone
+        if args.q_stiffness_input and args.gamma == "finite_difference":
+            raise ValueError(
+                "q_stiffness_input needs gamma='exact' (or 'none'): the finite-difference "
+                "secant in U would also see the stiffness input change between steps"
+            )
+        # (U, p_i) or U alone, and the stiffness s_i
+        q_inputs = 1 + args.q_momentum_input + args.q_stiffness_input
+        self.q_momentum_input = args.q_momentum_input
+        self.q_stiffness_input = args.q_stiffness_input
         self.f_q = CoordinateMLP(q_inputs, args.q_hidden, args.activation, "identity")
         self.f_d = CoordinateMLP(3, args.d_hidden, args.activation, args.d_output)
         if seed is not None:
@@ -202,7 +215,8 @@ class NNSGHMC(nn.Module, Sampler):
             d_hidden=tuple(self.f_d.hidden),
             activation=self.f_q.activation,
             d_output=self.f_d.output,
-            q_momentum_input=self.f_q.in_features == 2,
+            q_momentum_input=self.q_momentum_input,
+            q_stiffness_input=self.q_stiffness_input,
             **{f.name: getattr(self, f.name) for f in arg_fields(CONSTANTS)},
         )
 
@@ -261,7 +275,8 @@ class NNSGHMC(nn.Module, Sampler):
             per_step=self.friction_units == "per_step",
             clamp_d=self.d_clamp is not None,
             detach=detach,
-            q_momentum=self.f_q.in_features == 2,
+            q_momentum=self.q_momentum_input,
+            q_stiffness=self.q_stiffness_input,
         )
 
     def _nets(self, dtype: torch.dtype | None = None) -> tuple[NetParams, NetParams]:
@@ -269,25 +284,51 @@ class NNSGHMC(nn.Module, Sampler):
         return self.f_q.params(dtype), self.f_d.params(dtype)
 
     def coefficients(
-        self, u: Tensor, p_hat: Tensor, g_hat: Tensor, eta: float | None = None
+        self,
+        u: Tensor,
+        p_hat: Tensor,
+        g_hat: Tensor,
+        eta: float | None = None,
+        stiffness: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """``Q_f`` and ``D_f`` at given standardised net inputs (e.g. for plots); ``eta``
-        (default: the sampler's, else 1) matters only with ``friction_units="per_step"``."""
+        (default: the sampler's, else 1) matters only with ``friction_units="per_step"``;
+        ``stiffness`` (:func:`~metasampler.learned.stiffness.stiffness_input`) only with
+        ``q_stiffness_input``."""
         eta = eta if eta is not None else (self.eta if self.eta is not None else 1.0)
         v = self._scalars(_UnitTarget, eta, self.temperature)
         cfg = self._config("none", detach=False)  # no Gamma: its gradient input `du` is unused
-        q, d, _, _ = nnsghmc_coefficients(u, p_hat, g_hat, g_hat, *self._nets(p_hat.dtype), v, cfg)
+        stiffness = self._stiffness_given(stiffness, p_hat)
+        nets = self._nets(p_hat.dtype)
+        q, d, _, _ = nnsghmc_coefficients(u, p_hat, g_hat, g_hat, *nets, v, cfg, None, stiffness)
         return q, d
 
+    def _stiffness_given(self, stiffness: Tensor | None, like: Tensor) -> Tensor | None:
+        """``stiffness`` at the shape of ``like``; a clear error when it is needed but missing."""
+        if not self.q_stiffness_input:
+            return None
+        if stiffness is None:
+            raise ValueError(
+                "this sampler's curl takes the stiffness input (q_stiffness_input=True): pass "
+                "stiffness= (metasampler.learned.stiffness.stiffness_input) or grad_sq="
+            )
+        return stiffness.expand_as(like)
+
     def drift_terms(
-        self, theta: Tensor, momentum: Tensor, target: Target, eta: float | None = None
+        self,
+        theta: Tensor,
+        momentum: Tensor,
+        target: Target,
+        eta: float | None = None,
+        grad_sq: Tensor | None = None,
     ) -> DriftTerms:
         """``Q_f``, ``D_f`` and the exact ``Gamma`` at ``z = (theta, momentum)``.
 
         Inputs are not detached and the target is evaluated with ``create_graph`` when
         ``theta`` requires grad, so tests can differentiate these terms with respect to ``z``.
-        ``eta`` (default: the sampler's base step) matters only with
-        ``friction_units="per_step"``.
+        ``eta`` (default: the sampler's base step) matters with ``friction_units="per_step"``
+        and the stiffness input; ``grad_sq`` (the running mean of ``grad^2`` a chain carries in
+        ``state.extras["grad_sq"]``, a constant of ``z``) is needed with ``q_stiffness_input``.
         """
         if eta is None:
             eta = resolve_eta(self.eta, self.lr, target.n_data, self.order)
@@ -295,9 +336,11 @@ class NNSGHMC(nn.Module, Sampler):
         u, prior_grad = self._energy_input(ev, target)
         v = self._scalars(target, eta, self.temperature)
         du = ev.grad if prior_grad is None else ev.grad - v["prior_w"] * prior_grad
+        stiffness = None if grad_sq is None else stiffness_input(grad_sq, eta)
         q, d, gamma_p, dq_dph = nnsghmc_coefficients(
             u, momentum * v["inv_sp"], ev.grad * v["g_scale"], du * v["du_scale"],
-            *self._nets(momentum.dtype), v, self._config("exact", detach=False),
+            *self._nets(momentum.dtype), v, self._config("exact", detach=False), None,
+            self._stiffness_given(stiffness, momentum),
         )  # fmt: skip
         gamma_theta = torch.zeros_like(q) if dq_dph is None else -dq_dph * v["inv_sp"]
         return DriftTerms(q, d, gamma_theta, gamma_p)
@@ -327,21 +370,29 @@ class NNSGHMC(nn.Module, Sampler):
         if gamma == "finite_difference" and "q_tilde" in extras:
             cache = (extras["u"], extras["q_tilde"], extras["p_hat"], extras["dq_dph"])
         noise = gaussian_like(p, generator) if temperature > 0 else None
+        grad_sq, stiffness = None, None
+        if self.q_stiffness_input:
+            grad_sq = update_grad_sq(extras.get("grad_sq"), ev.grad, k, self.stiffness_decay)
+            # V of the earlier steps; the first step has none and uses its own gradient.
+            stiffness = stiffness_input(extras.get("grad_sq", grad_sq), eta)
         args = StepArgs(
             state.theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype),
             self._scalars(target, eta, temperature), self._config(gamma, self.detach_inputs),
+            stiffness,
         )  # fmt: skip
         new_theta, new_p, check, new_cache = run_step(args, self)
         if not bool(torch.isfinite(check)):
             # Name the chain and quantity (recomputed only in this rare case).
             q, d, _, _ = nnsghmc_coefficients(
                 args.u, args.p * args.v["inv_sp"], args.grad * args.v["g_scale"], args.grad,
-                args.q_net, args.d_net, args.v, self._config("none", True),
+                args.q_net, args.d_net, args.v, self._config("none", True), None, stiffness,
             )  # fmt: skip
             check_finite(k, **{"f_Q output": q, "f_D output": d})
         extras = {}
         if new_cache is not None:
             extras = dict(zip(("u", "q_tilde", "p_hat", "dq_dph"), new_cache, strict=True))
+        if grad_sq is not None:
+            extras["grad_sq"] = grad_sq
         return SamplerState(new_theta, new_p, extras, state.step, state.eta, ev.energy, ev.grad)
 
     # -- input statistics -------------------------------------------------------------------

@@ -47,7 +47,8 @@ class TrainingReport:
         if self.logger is None:
             return
         self.scalar("train/energy_mean", float(state.energy.mean()), epoch)
-        terms = sampler.drift_terms(state.theta, state.momentum, target)
+        grad_sq = state.extras.get("grad_sq")  # (with the stiffness input)
+        terms = sampler.drift_terms(state.theta, state.momentum, target, grad_sq=grad_sq)
         for name, values in (("Q_f", terms.q), ("D_f", terms.d)):
             self.scalar(f"nets/{name}_mean", float(values.mean()), epoch)
             self.scalar(f"nets/{name}_std", float(values.std()), epoch)

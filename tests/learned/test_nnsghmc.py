@@ -65,12 +65,12 @@ def test_reduces_to_sghmc_exactly():
         torch.testing.assert_close(result.theta, reference.theta, atol=1e-6, rtol=0)
 
 
-def brute_force_gamma(sampler: NNSGHMC, target, theta: torch.Tensor, p: torch.Tensor):
+def brute_force_gamma(sampler: NNSGHMC, target, theta: torch.Tensor, p: torch.Tensor, **kwargs):
     """``Gamma_i = sum_j d(D + Q)_ij / dz_j`` from the full Jacobian of the drift matrix."""
     dim = theta.shape[1]
 
     def drift_matrix(z):
-        terms = sampler.drift_terms(z[:dim].unsqueeze(0), z[dim:].unsqueeze(0), target)
+        terms = sampler.drift_terms(z[:dim].unsqueeze(0), z[dim:].unsqueeze(0), target, **kwargs)
         q, d = torch.diag(terms.q[0]), torch.diag(terms.d[0])
         zero = torch.zeros(dim, dim, dtype=z.dtype)
         return torch.cat([torch.cat([zero, -q], 1), torch.cat([q, d], 1)], 0)
@@ -94,23 +94,27 @@ def split_prior_sampler(**kwargs) -> NNSGHMC:
 
 
 @pytest.mark.parametrize(
-    ("hidden", "q_momentum_input"), [((8,), True), ((8, 6), True), ((8,), False)]
-)
-def test_exact_gamma_equals_brute_force_jacobian(hidden, q_momentum_input):
+    ("hidden", "q_momentum_input", "q_stiffness_input"),
+    [((8,), True, False), ((8, 6), True, False), ((8,), False, False), ((8,), False, True),
+     ((8,), True, True)],
+)  # fmt: skip
+def test_exact_gamma_equals_brute_force_jacobian(hidden, q_momentum_input, q_stiffness_input):
     torch.manual_seed(0)
     target = SplitPriorTarget()
     # Non-trivial input statistics and prior scaling: every factor must enter the chain rule.
     sampler = split_prior_sampler(
         q_hidden=hidden, energy_input_scale=0.7, grad_input_scale=1.3,
-        q_momentum_input=q_momentum_input,
+        q_momentum_input=q_momentum_input, q_stiffness_input=q_stiffness_input,
     )  # fmt: skip
     sampler.energy_loc.fill_(0.2)
     sampler.energy_std.fill_(2.0)
+    # The stiffness input comes from a chain's past gradients: a constant of z.
+    kwargs = {"grad_sq": torch.tensor([[0.5, 30.0, 4.0]])} if q_stiffness_input else {}
     for _ in range(3):
         theta = torch.randn(1, 3, dtype=torch.float64)
         p = torch.randn(1, 3, dtype=torch.float64)
-        expected = brute_force_gamma(sampler, target, theta, p)
-        terms = sampler.drift_terms(theta.clone().requires_grad_(True), p, target)
+        expected = brute_force_gamma(sampler, target, theta, p, **kwargs)
+        terms = sampler.drift_terms(theta.clone().requires_grad_(True), p, target, **kwargs)
         got = torch.cat([terms.gamma_theta[0], terms.gamma_p[0]])
         torch.testing.assert_close(got.detach(), expected, atol=1e-10, rtol=1e-8)
         assert expected.abs().max() > 1e-2  # the test is not comparing zeros
@@ -291,20 +295,29 @@ def path_sampler(hidden, gamma, **kwargs) -> NNSGHMC:
     return sampler
 
 
+#: The curl's inputs besides the energy: the momentum, the stiffness (exact Gamma only).
+CURL_INPUTS = {
+    "momentum": dict(q_momentum_input=True),
+    "energy": dict(q_momentum_input=False),
+    "stiffness": dict(q_momentum_input=False, q_stiffness_input=True),
+    "momentum+stiffness": dict(q_momentum_input=True, q_stiffness_input=True),
+}
+
+
 @pytest.mark.parametrize("hidden", [(6,), (5, 4)])
 @pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
-@pytest.mark.parametrize("q_momentum_input", [True, False])
-def test_plain_blocked_and_recomputed_steps_agree(
-    hidden, gamma, temperature, q_momentum_input, monkeypatch
-):
+@pytest.mark.parametrize("curl", list(CURL_INPUTS))
+def test_plain_blocked_and_recomputed_steps_agree(hidden, gamma, temperature, curl, monkeypatch):
     from metasampler.learned import fast
 
+    if gamma == "finite_difference" and "stiffness" in curl:
+        pytest.skip("the stiffness input needs exact Gamma")
     monkeypatch.setattr(fast, "_BLOCK_COORDS", 8)  # several column blocks of 2 coordinates
     target = SplitPriorTarget()
     init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     kwargs = dict(eta=0.05, beta_off=0.5, alpha=0.2, c=0.1, temperature=temperature)
-    kwargs["q_momentum_input"] = q_momentum_input
+    kwargs.update(CURL_INPUTS[curl])
     states = {}
     for path, grad in (("plain", False), ("blocks", False), ("recompute", True)):
         sampler = path_sampler(hidden, gamma, **kwargs).double()
@@ -359,10 +372,11 @@ def test_recomputing_backward_equals_autograd_and_finite_differences(gamma, deta
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("gamma", "q_momentum_input"),
-    [("exact", True), ("finite_difference", True), ("finite_difference", False)],
-)
-def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, q_momentum_input):
+    ("gamma", "curl"),
+    [("exact", "momentum"), ("finite_difference", "momentum"), ("finite_difference", "energy"),
+     ("exact", "stiffness")],
+)  # fmt: skip
+def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, curl):
     # torch.compile with autograd (meta-training's train.compile_steps) is a transformation
     # of the same function: the meta-gradient of a 5-step unroll equals plain autograd's
     # (also for the energy-only curl, whose energy input enters per chain, as (K, 1)).
@@ -373,7 +387,7 @@ def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, q_momentum_
     target = SplitPriorTarget()
     init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     sampler = path_sampler(
-        (3,), gamma, eta=0.05, beta_off=0.5, alpha=0.2, c=0.1, q_momentum_input=q_momentum_input
+        (3,), gamma, eta=0.05, beta_off=0.5, alpha=0.2, c=0.1, **CURL_INPUTS[curl]
     ).double()
 
     def meta_gradient(path: str) -> tuple[torch.Tensor, ...]:
@@ -392,23 +406,22 @@ def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, q_momentum_
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("hidden", "gamma", "q_momentum_input"),
+    ("hidden", "gamma", "curl"),
     [
-        ((4,), "exact", True),
-        ((4,), "finite_difference", True),
-        ((3, 3), "exact", True),
-        ((4,), "finite_difference", False),
+        ((4,), "exact", "momentum"),
+        ((4,), "finite_difference", "momentum"),
+        ((3, 3), "exact", "momentum"),
+        ((4,), "finite_difference", "energy"),
+        ((4,), "exact", "stiffness"),
     ],
 )
-def test_compiled_sampling_step_matches_the_eager_step(
-    hidden, gamma, q_momentum_input, tmp_path, monkeypatch
-):
+def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, curl, tmp_path, monkeypatch):
     # compile=True runs the same step function compiled ahead of time (AOTInductor, built in
     # a child process); it must give the eager trajectory up to float32 rounding, must not
     # have fallen back, and a later process (here: a cleared registry) loads the cached
     # package without building it again. The energy-only curl has a one-input f_Q and a
     # per-chain energy input: a package exported with other weight shapes read the wrong
-    # weights (session 8).
+    # weights (session 8). The stiffness input is one more (K, D) input of the package.
     from metasampler.learned import aot, fast
 
     if fast.compile_unavailable(torch.device("cpu")):
@@ -419,7 +432,7 @@ def test_compiled_sampling_step_matches_the_eager_step(
     monkeypatch.setattr(aot, "_FAILED", set())
     target, _ = quadratic_target(noise=0.5)
     init = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
-    kwargs = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, q_momentum_input=q_momentum_input)
+    kwargs = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, **CURL_INPUTS[curl])
     eager = path_sampler(hidden, gamma, compile=False, **kwargs)
     compiled = path_sampler(hidden, gamma, compile=True, **kwargs)
     expected = run_path(eager, "auto", target, init, n_steps=30)

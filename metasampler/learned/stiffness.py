@@ -1,0 +1,39 @@
+"""The per-coordinate stiffness input of NNSGHMC's curl (``q_stiffness_input``; #11).
+
+``Q_f`` from the energy (and momentum) alone cannot tell a stiff coordinate from a broad one,
+so a learned curl trades the stiffest direction's bias against the broad ones' mixing for a
+whole target at once (docs/RESULTS.md). At equilibrium ``E[(d_i U)^2] = E[d_i^2 U]``
+(integration by parts), so a running mean ``V_i`` of the squared stochastic gradient measures
+coordinate ``i``'s curvature (plus the gradient noise, which errs on the careful side), as
+pSGLD's preconditioner does. The net input is
+
+    s_i = log(eta sqrt(V_i)),
+
+the step over the coordinate's length scale: dimensionless, so the same number whatever ``N``
+and ``eta`` are at test time. ``V`` holds earlier steps' gradients only, so within a step it
+is a constant of ``z`` and Gamma needs no derivative of it; like pSGLD's, it adapts as the
+chain moves (a plain mean over the first ``1 / (1 - decay)`` steps, then exponential).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+__all__ = ["stiffness_input", "update_grad_sq"]
+
+
+def update_grad_sq(past: Tensor | None, grad: Tensor, step: int, decay: float) -> Tensor:
+    """The running mean ``V`` of ``grad^2`` after a chain's ``step``-th gradient (1-based).
+
+    A plain mean while ``1 / step > 1 - decay``, then an exponential average; detached, as it
+    is a statistic of the chain's past, not a function of its current state."""
+    square = grad.detach().square()
+    if past is None:
+        return square
+    weight = max(1.0 / step, 1.0 - decay)
+    return past + weight * (square - past)
+
+
+def stiffness_input(grad_sq: Tensor, eta: float) -> Tensor:
+    """``s_i = log(eta sqrt(V_i))`` from the running mean ``V`` of ``(d_i Ũ)^2``."""
+    return 0.5 * (grad_sq.clamp_min(1e-30) * (eta * eta)).log()
