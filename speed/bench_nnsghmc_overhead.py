@@ -11,9 +11,10 @@ round's SGHMC block time.
   sampler (``pretrained/mnist_mlp.safetensors``, 10-unit nets) loaded with no flags (exact
   Gamma, and ``gamma="finite_difference"``), the same forced eager (``use_compile=False``),
   the shipped sampler of the new MNIST recipe (``mnist_mlp_transfer``: a curl ``Q_f(U)``
-  without the momentum input, so one net per coordinate instead of three), and default
-  ``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` nets. The warm-up waits for the background
-  compiles, so the timed steps are the steady state.
+  without the momentum input, so one net per coordinate instead of three), the 0-4 sampler
+  with the stiffness input (``mnist_mlp_0to4_stiffness``: ``Q_f(U, s_i)``, two nets per
+  coordinate), and default ``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` nets. The warm-up
+  waits for the background compiles, so the timed steps are the steady state.
 * ``meta``: one unrolled meta-training window (W = 5 steps with autograd, then the backward
   of a loss on the final state) per block, divided by W, against an SGHMC sampling step:
   784-20-10 MLP (D = 15,910), K = 20, batch 500, 10-unit nets; and the 20-D toy Gaussian,
@@ -21,7 +22,8 @@ round's SGHMC block time.
   recomputing backward (``step_path="recompute"``) and ``torch.compile`` with autograd
   (``step_path="compiled"``, what ``train.compile_steps`` selects; its compile falls in the
   untimed warm-up round); the last two again with the energy-only curl ``Q_f(U)``
-  (``q_momentum_input=False``, as ``configs/mnist_mlp_transfer.yaml`` trains).
+  (``q_momentum_input=False``, as ``configs/mnist_mlp_transfer.yaml`` trains), and the
+  compiled one with the stiffness input ``Q_f(U, s_i)`` (``q_stiffness_input=True``).
 * ``first-use``: a fresh process with empty compile caches (``TORCHINDUCTOR_CACHE_DIR`` and
   ``METASAMPLER_CACHE_DIR`` pointing to a new directory) runs 30 steps of the shipped sampler
   on the MLP, against 30 SGHMC steps in another fresh process.
@@ -60,6 +62,7 @@ SECTION = "## NNSGHMC per-step overhead (speed/bench_nnsghmc_overhead.py)"
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "pretrained" / "mnist_mlp.safetensors"
 TRANSFER = ROOT / "pretrained" / "mnist_mlp_transfer.safetensors"  # energy-only curl
+STIFFNESS = ROOT / "pretrained" / "mnist_mlp_0to4_stiffness.safetensors"  # Q_f(U, s_i)
 
 
 def mlp_target(hidden: tuple[int, ...], n_chains: int = 20):
@@ -92,6 +95,7 @@ def sampling_variants() -> dict:
         "shipped exact, eager": eager,
         "mnist_mlp_transfer exact": load_sampler(TRANSFER),
         "mnist_mlp_transfer FD": load_sampler(TRANSFER, gamma="finite_difference"),
+        "stiffness input exact": load_sampler(STIFFNESS),
         "40-unit exact": wide["exact"],
         "40-unit FD": wide["finite_difference"],
     }
@@ -120,15 +124,17 @@ def time_sampling(target, samplers: dict, init, steps: int, warmup: int, repeats
 def time_meta(target, init, hidden: int, window: int, repeats: int, eta: float):
     """ms per unrolled step (forward + backward / W) of each path, and SGHMC's sampling step."""
     samplers = {"SGHMC": SGHMC(eta=eta, friction=1.0)}
-    variants = [("auto", True), ("recompute", True), ("compiled", True)]
-    variants += [("auto", False), ("compiled", False)]  # the energy-only curl, Q_f(U)
-    for path, momentum_input in variants:
+    variants = [("auto", True, False), ("recompute", True, False), ("compiled", True, False)]
+    variants += [("auto", False, False), ("compiled", False, False)]  # the curl Q_f(U)
+    variants += [("compiled", False, True)]  # Q_f(U, s_i): the stiffness input
+    names = {(True, False): "", (False, False): ", curl Q_f(U)", (False, True): ", curl Q_f(U, s)"}
+    for path, momentum_input, stiffness_input in variants:
         s = NNSGHMC(
             eta=eta, q_hidden=(hidden,), d_hidden=(hidden,), beta_off=1.0, c=1.0,
-            q_momentum_input=momentum_input,
+            q_momentum_input=momentum_input, q_stiffness_input=stiffness_input,
         )  # fmt: skip
         s.step_path = path
-        samplers[f"meta {path}" + ("" if momentum_input else ", curl Q_f(U)")] = s
+        samplers[f"meta {path}" + names[momentum_input, stiffness_input]] = s
     times: dict[str, list[float]] = {name: [] for name in samplers}
     gen = torch.Generator().manual_seed(1)
     for rnd in range(repeats + 1):

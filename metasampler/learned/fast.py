@@ -29,7 +29,6 @@ The step is one pure, element-wise function of the coordinates
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import sys
@@ -207,13 +206,22 @@ def run_compiled_training(args: StepArgs) -> tuple:
     spec = aot.KernelSpec.of(args)
     fn = _TRAINING.get(spec)
     if fn is None:
-        # A copy of the code object per configuration: dynamo counts recompiles (limit 8) per
-        # code object, so configurations used in one process do not evict each other.
-        step = aot.step_from_flat
-        copy = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__)
-        entry = functools.partial(copy, spec)
-        fn = _TRAINING[spec] = torch.compile(entry, dynamic=False, fullgraph=True)
+        fn = _TRAINING[spec] = torch.compile(_entry(spec), dynamic=False, fullgraph=True)
     return aot.call_flat(fn, args, spec)
+
+
+def _entry(spec: aot.KernelSpec) -> Callable:
+    """``step_from_flat`` bound to ``spec`` as a plain function with a code object of its own:
+    dynamo counts recompiles (limit 8) per code object, so configurations used in one process
+    must not share one (a ``functools.partial`` would: torch.compile wraps it in one shared
+    frame, and a process meta-training five configurations hit the limit)."""
+    step = aot.step_from_flat
+
+    def entry(*flat: Tensor) -> tuple[Tensor, ...]:
+        return step(spec, *flat)
+
+    code = entry.__code__.replace()
+    return types.FunctionType(code, entry.__globals__, entry.__name__, None, entry.__closure__)
 
 
 def wait_for_compiles(timeout: float | None = None) -> None:

@@ -413,6 +413,28 @@ def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, curl):
 
 
 @pytest.mark.slow
+def test_compiled_training_configurations_do_not_share_a_recompile_budget(monkeypatch):
+    # dynamo allows `recompile_limit` compiles per code object; each configuration compiles
+    # twice (the first step's chains do not require grad, later ones do). With the limit at 2,
+    # two configurations fit only if they do not share a code object (they did, through the
+    # frame torch.compile wraps a functools.partial in: the fifth configuration of a process
+    # failed at the default limit of 8).
+    from metasampler.learned import fast
+
+    if fast.compile_unavailable(torch.device("cpu")):
+        pytest.skip("no compiler for the compiled step")
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    monkeypatch.setattr(fast, "_TRAINING", {})
+    target = SplitPriorTarget()
+    init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for hidden in ((2,), (3,)):
+        sampler = path_sampler(hidden, "exact", eta=0.05, beta_off=0.5, c=0.1).double()
+        state = run_path(sampler, "compiled", target, init, n_steps=2, grad=True)
+        (state.theta**2).mean().backward()
+    assert len(fast._TRAINING) == 2
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("hidden", "gamma", "curl"),
     [
