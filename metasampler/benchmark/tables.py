@@ -128,6 +128,7 @@ def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
         "choice |",
         "|---|---|---|---|---|---|",
     ]
+    at_edge = False
     for entry in summary["methods"].values():
         rows = entry.get("tuning") or []
         initial = _scored([r for r in rows if not r.get("extension")])
@@ -139,6 +140,7 @@ def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
             values = [r["lr"] for r in rows]  # results written before the extension existed
             interior = min(values) < entry["lr"] < max(values)
         choice = {True: "interior", False: "grid edge", None: "–"}[interior]
+        at_edge = at_edge or interior is False
         lines.append(
             f"| {entry['label']} | {initial or 'not tuned'} | {extended or '–'} | {lr} | {eta} "
             f"| {choice} |"
@@ -147,9 +149,13 @@ def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
         "",
         "extensions: while the best value sat at an end of the grid, the next value beyond it "
         "(at the ratio of the two values nearest that end) was tuned too, at most "
-        f"{summary['tune'].get('max_extensions', 0)} times; a diverged run counts as worst. "
-        "grid edge: the choice is still at an end after the last extension (the optimum may lie "
-        "beyond it).",
+        f"{summary['tune'].get('max_extensions', 0)} times; a diverged run counts as worst."
+        + (  # (explained only where a row has it)
+            " grid edge: the choice is still at an end after the last extension (the optimum "
+            "may lie beyond it)."
+            if at_edge
+            else ""
+        ),
     ]
     return lines
 
