@@ -107,6 +107,10 @@ class TrainConfig:
     # > 0: export the mean of the nets at the ends of the last n epochs (stochastic weight
     # averaging, metasampler/meta/averaging.py); 0: the nets of the last epoch
     average_last: int = 0
+    # [lo, hi]: each epoch's chains run at the step eta times a factor drawn log-uniformly
+    # from [lo, hi] (lr times its square), so the nets see the range of steps a user tunes
+    # over (metasampler/meta/trainer.py); null: always the sampler's step
+    step_scale_range: list[float] | None = None
     checkpoint_every: int = 5  # epochs
     eval_every: int = 10  # epochs; 0 disables evaluation during training
     # true: meta-training steps through torch.compile with autograd (fused forward and

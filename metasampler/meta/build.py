@@ -29,6 +29,7 @@ def settings_from_config(cfg: Any) -> TrainConfig:
     """A :class:`~metasampler.config.TrainConfig` from an OmegaConf ``train`` node (or a
     plain mapping)."""
     values = {k: cfg[k] for k in TrainConfig.__dataclass_fields__ if k in cfg}
-    if "adam_betas" in values:
-        values["adam_betas"] = [float(b) for b in values["adam_betas"]]
+    for key in ("adam_betas", "step_scale_range"):
+        if values.get(key) is not None:
+            values[key] = [float(b) for b in values[key]]
     return TrainConfig(**values)

@@ -2,7 +2,8 @@
 
 Loop structure (the decisions come from :class:`.schedule.TruncationSchedule`)::
 
-    for epoch in epochs:                       # a (possibly new) training problem per epoch
+    for epoch in epochs:                       # a (possibly new) training problem per epoch,
+                                               #   optionally a step drawn from a range
         for sub_epoch in sub_epochs:           # chains restart (replay pool or fresh init),
                                                #   or continue within the epoch
             for window in segment's windows:   # truncated BPTT: unroll `unroll` steps (.unroll)
@@ -33,6 +34,7 @@ nothing of this runs.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -139,6 +141,7 @@ class MetaTrainer(CheckpointMixin):
         self.average = NetAverage(settings.average_last, settings.epochs)
         self.history = History()
         self.epoch = 0  # epochs completed
+        self.step_scale = 1.0  # this epoch's multiplier on the step (train.step_scale_range)
 
     # -- training ---------------------------------------------------------------------------
     def train(self) -> History:
@@ -152,6 +155,7 @@ class MetaTrainer(CheckpointMixin):
                 epoch = self.epoch + 1
                 started = time.perf_counter()
                 problem = self.problems(epoch, self.generator)
+                self.step_scale = self._draw_step_scale(epoch)
                 losses: list[float] = []
                 state = collector = None
                 for sub in range(s.sub_epochs):
@@ -193,9 +197,26 @@ class MetaTrainer(CheckpointMixin):
         epochs (:mod:`.averaging`), or the live sampler when that is 0."""
         return self.average.result(self.sampler)
 
+    def _draw_step_scale(self, epoch: int) -> float:
+        """The epoch's multiplier on the step ``eta``, log-uniform in ``train.step_scale_range``.
+
+        A sampler trained at one step learns the trade-off of that step, and its step-dependent
+        inputs (the stiffness ``log(eta sqrt(V))``) see only that step's values; users tune the
+        step at test over a factor of several. Without a range nothing is drawn, so runs
+        without it keep their random stream."""
+        span = self.settings.step_scale_range
+        if not span:
+            return 1.0
+        low, high = math.log(span[0]), math.log(span[1])
+        draw = torch.rand((), generator=self.generator, device=self.generator.device)
+        scale = math.exp(low + (high - low) * float(draw))
+        self.report.scalar("train/step_scale", scale, epoch)
+        return scale
+
     def _initial_state(self, problem: Any) -> SamplerState:
         theta = problem.init(self.shard.size, self.chain_generator)
         state = self.sampler.init(theta, problem.target, self.chain_generator)
+        state.eta = state.eta * self.step_scale  # (the chains carry their step)
         if len(self.pool) > 0 and self.pool.dim == theta.shape[1]:
             theta, momentum, _ = self.pool.draw_initial(theta, state.momentum, self.chain_generator)
             state.theta, state.momentum = theta, momentum

@@ -257,7 +257,13 @@ def test_exported_nets_are_the_mean_of_the_last_epochs_nets(monkeypatch):
 
 @pytest.mark.parametrize(
     "schedule",
-    [PAPER, EPOCH_POOL, dict(step_per_loss=True), dict(continue_chains=True)],
+    [
+        PAPER,
+        EPOCH_POOL,
+        dict(step_per_loss=True),
+        dict(continue_chains=True),
+        dict(step_scale_range=[0.5, 2.0]),
+    ],
     ids=str,
 )
 def test_resume_is_bit_exact_with_the_new_schedules(tmp_path, schedule):
@@ -307,11 +313,47 @@ def test_an_interrupted_averaging_run_resumes_to_the_same_exported_nets(tmp_path
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("continuing", [True, False])
+def test_each_epoch_samples_at_a_step_drawn_from_the_range(monkeypatch, continuing):
+    sampler = new_sampler()
+    s = settings(epochs=6, continue_chains=continuing, step_scale_range=[0.5, 2.0])
+    trainer = MetaTrainer(sampler, family(), s, progress=False)
+    used: list[tuple[int, float]] = []  # (epoch, eta of a step)
+    real_step = sampler._step
+    monkeypatch.setattr(
+        sampler, "_step", lambda st, tg, eta, *a: used.append((trainer.epoch + 1, eta))
+        or real_step(st, tg, eta, *a)
+    )  # fmt: skip
+    trainer.train()
+    per_epoch = {e: {eta for epoch, eta in used if epoch == e} for e in range(1, s.epochs + 1)}
+    assert all(len(etas) == 1 for etas in per_epoch.values())  # one step for a whole epoch
+    etas = [etas.pop() for etas in per_epoch.values()]
+    assert all(0.5 * 0.02 <= eta <= 2.0 * 0.02 for eta in etas)
+    assert len(set(etas)) == s.epochs  # a new draw every epoch
+    assert min(etas) < 0.02 < max(etas)  # on both sides of the sampler's step
+    assert sampler.eta == 0.02  # the exported sampler keeps its training step
+
+
+def test_without_a_step_range_every_epoch_samples_at_the_sampler_step(monkeypatch):
+    sampler = new_sampler()
+    trainer = MetaTrainer(sampler, family(), settings(epochs=2), progress=False)
+    used: list[float] = []
+    real_step = sampler._step
+    monkeypatch.setattr(
+        sampler, "_step", lambda st, tg, eta, *a: used.append(eta) or real_step(st, tg, eta, *a)
+    )
+    trainer.train()
+    assert used and set(used) == {0.02}
+
+
 def test_schedule_and_config_reject_a_segment_pool_with_steps_inside_the_segment():
     with pytest.raises(ConfigError, match="in_chain_span=segment needs train.accumulate"):
         load_config(None, ["train.in_chain_span=segment"])
     with pytest.raises(ConfigError, match="adam_betas"):
         load_config(None, ["train.adam_betas=[0.5]"])
+    for bad in ("[2.0,1.0]", "[0.0,1.0]", "[1.0]"):
+        with pytest.raises(ConfigError, match="step_scale_range"):
+            load_config(None, [f"train.step_scale_range={bad}"])
     with pytest.raises(ValueError, match="accumulate=True"):
         TruncationSchedule(segment=10, window=5, pool_spans_segment=True)
     assert TruncationSchedule(segment=10, window=4).windows() == [4, 4, 2]
