@@ -33,6 +33,7 @@ from metasampler.config import (
     SamplerConfig,
     TrainConfig,
     check_run_placement,
+    check_step_scale_range,
     load_structured,
 )
 from tasks.config import MusicDataset, TaskConfig, TaskKind
@@ -170,18 +171,7 @@ def _validate(cfg: DictConfig) -> None:
     betas = list(cfg.train.adam_betas)
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {betas!r}")
-    scale_range = cfg.train.step_scale_range
-    if scale_range is not None:
-        bounds = list(scale_range)
-        if not (
-            len(bounds) == 2
-            and all(b > 0 and math.isfinite(b) for b in bounds)
-            and bounds[0] <= bounds[1]
-        ):
-            raise ConfigError(
-                "train.step_scale_range must be null or two finite numbers 0 < lo <= hi, got "
-                f"{bounds!r}"
-            )
+    check_step_scale_range(cfg.train.step_scale_range)
     span = cfg.train.in_chain_span
     if span in (PoolSpan.segment, PoolSpan.epoch) and not cfg.train.accumulate:
         raise ConfigError(

@@ -9,6 +9,7 @@ starts*, with a :class:`ConfigError` naming the key.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
@@ -39,6 +40,7 @@ __all__ = [
     "TrainConfig",
     "check_device",
     "check_run_placement",
+    "check_step_scale_range",
     "load_structured",
 ]
 
@@ -116,6 +118,23 @@ class TrainConfig:
     # true: meta-training steps through torch.compile with autograd (fused forward and
     # backward; the first window waits minutes for the compile; BENCHMARKS.md)
     compile_steps: bool = False
+
+
+def check_step_scale_range(value: Sequence[float] | None) -> None:
+    """Raise :class:`ConfigError` unless ``train.step_scale_range`` is ``None`` or two finite
+    numbers ``0 < lo <= hi``."""
+    if value is None:
+        return
+    bounds = list(value)
+    if not (
+        len(bounds) == 2
+        and all(b > 0 and math.isfinite(b) for b in bounds)
+        and bounds[0] <= bounds[1]
+    ):
+        raise ConfigError(
+            "train.step_scale_range must be null or two finite numbers 0 < lo <= hi, got "
+            f"{bounds!r}"
+        )
 
 
 def load_structured(

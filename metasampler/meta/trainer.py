@@ -44,7 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import distributed
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, check_step_scale_range
 from ..learned.nnsghmc import NNSGHMC
 from ..samplers.base import SamplerState
 from ..sampling import make_generator
@@ -126,6 +126,7 @@ class MetaTrainer(CheckpointMixin):
             # Each rank pools its own chains: split the capacity so that the pools together
             # span as many sub-epochs as one process's pool.
             capacity = max(1, distributed.shard_sizes(capacity, self.world)[self.shard.rank])
+        check_step_scale_range(settings.step_scale_range)
         self.schedule = TruncationSchedule.from_settings(settings)
         if self.world > 1 and not self.schedule.is_default:
             raise ConfigError(

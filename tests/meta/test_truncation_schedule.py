@@ -354,6 +354,8 @@ def test_schedule_and_config_reject_a_segment_pool_with_steps_inside_the_segment
     for bad in ("[2.0,1.0]", "[0.0,1.0]", "[1.0]"):
         with pytest.raises(ConfigError, match="step_scale_range"):
             load_config(None, [f"train.step_scale_range={bad}"])
+    with pytest.raises(ConfigError, match="step_scale_range"):  # also from the Python API
+        MetaTrainer(new_sampler(), family(), settings(step_scale_range=[0.0, 1.0]))
     with pytest.raises(ValueError, match="accumulate=True"):
         TruncationSchedule(segment=10, window=5, pool_spans_segment=True)
     assert TruncationSchedule(segment=10, window=4).windows() == [4, 4, 2]
