@@ -11,6 +11,8 @@ there (``tune.max_extensions``); then every seed runs with the chosen value. The
 the paper's MNIST code is available for every method alike: a warm-up phase
 (``budget.warmup_steps`` at ``budget.warmup_lr_factor`` x the chosen rate) and, for NNSGHMC,
 ``alpha = methods.nnsghmc.alpha_per_step / eta_warmup`` (see ``configs/eval/mnist_nt.yaml``).
+``methods.cnnsghmc`` (off by default) runs the same file under cSGHMC's cyclical schedule, the
+like-for-like rival of cSGHMC.
 
 Writes into ``<out_dir>/<name>/``, built in a staging directory and swapped in as a whole at
 the end (one atomic rename; an interrupted or failed run leaves earlier results as they
@@ -60,24 +62,26 @@ class _Stop(Exception):
 
 def _sampler_path(cfg, option: str | None) -> str | None:
     """The NNSGHMC file, validated before any work (``None`` when NNSGHMC is off)."""
+    from metasampler.benchmark.methods import uses_sampler_file
     from metasampler.export import SamplerFileError, load_sampler
 
-    if not cfg.methods.nnsghmc.enabled:
+    learned = [k for k in cfg.methods if uses_sampler_file(k) and cfg.methods[k].enabled]
+    if not learned:
         return None
     sampler_path = option or cfg.sampler_path
     if not sampler_path:
         raise _Stop(
-            "methods.nnsghmc is enabled but no sampler file is given: pass --sampler PATH "
-            "or set sampler_path (or methods.nnsghmc.enabled=false)"
+            f"methods.{learned[0]} is enabled but no sampler file is given: pass --sampler "
+            f"PATH or set sampler_path (or methods.{learned[0]}.enabled=false)"
         )
-    grid = list(cfg.methods.nnsghmc.lr_grid)
+    grid = list(cfg.methods[learned[0]].lr_grid)
     try:
         load_sampler(sampler_path, lr=grid[0] if grid else None)
     except FileNotFoundError:
         raise _Stop(
             f"sampler file not found: {sampler_path} (pass --sampler PATH, e.g. the "
             "sampler.safetensors that train_meta.py writes into <out_dir>/<name>/, or run "
-            "the baselines only with methods.nnsghmc.enabled=false)"
+            f"the baselines only with methods.{learned[0]}.enabled=false)"
         ) from None
     except SamplerFileError as err:
         raise _Stop(str(err)) from None

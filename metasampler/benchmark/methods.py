@@ -34,12 +34,14 @@ from ..samplers import (
     cyclical_sghmc,
     cyclical_sgld,
 )
+from ..schedules import CyclicalCosine
 from ..stepsize import resolve_eta
 
 __all__ = [
     "METHODS",
     "AdamMethod",
     "BuildContext",
+    "CyclicalNNSGHMCMethod",
     "CyclicalSGHMCMethod",
     "CyclicalSGLDMethod",
     "MethodGrid",
@@ -52,6 +54,7 @@ __all__ = [
     "SGNHTMethod",
     "build_method",
     "check_method_section",
+    "uses_sampler_file",
 ]
 
 
@@ -147,6 +150,16 @@ class CyclicalSGHMCMethod(_Friction, _Cycles):
 
 
 @dataclass
+class CyclicalNNSGHMCMethod(NNSGHMCMethod, _Cycles):
+    """cNNSGHMC (not in the paper): the loaded sampler driven by cSGLD's cyclical cosine
+    schedule. The learned dynamics and the step schedule are separate choices, so NNSGHMC
+    against SGHMC and cNNSGHMC against cSGHMC each compare like with like. Off unless a
+    config enables it."""
+
+    enabled: bool = False
+
+
+@dataclass
 class SGDMMethod(MethodGrid):
     """SGD with momentum (an optimiser reference, not a sampler)."""
 
@@ -201,6 +214,12 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
     gamma = options.get("gamma")
     sampler = load_sampler(ctx.sampler_path, lr=lr, gamma=getattr(gamma, "value", gamma))
     sampler.use_compile = options["compile"]
+    return sampler
+
+
+def _cnnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:
+    sampler = _nnsghmc(options, lr, ctx)
+    sampler.schedule = CyclicalCosine(**_cycles(options, ctx))
     return sampler
 
 
@@ -295,6 +314,15 @@ METHODS: dict[str, MethodSpec] = {
         ),
         MethodSpec("csghmc", "cSGHMC", CyclicalSGHMCMethod, SGHMC, _csghmc),
         MethodSpec(
+            "cnnsghmc",
+            "cNNSGHMC",
+            CyclicalNNSGHMCMethod,
+            NNSGHMC,
+            _cnnsghmc,
+            stored_step=True,
+            warmup_alpha=True,
+        ),
+        MethodSpec(
             "sgdm",
             "SGD-M",
             SGDMMethod,
@@ -307,6 +335,12 @@ METHODS: dict[str, MethodSpec] = {
         ),
     )
 }
+
+
+def uses_sampler_file(key: str) -> bool:
+    """Whether method ``key`` samples with the loaded NNSGHMC file (``nnsghmc``,
+    ``cnnsghmc``)."""
+    return METHODS[key].sampler_class is NNSGHMC
 
 
 def build_method(

@@ -41,9 +41,9 @@ def _protocol_line(summary: Mapping[str, Any]) -> str:
             f"Warm-up, every method: the first {budget['warmup_steps']} steps at "
             f"{budget['warmup_lr_factor']:g} × the chosen per-batch lr."
         )
-    nn = summary["methods"].get("nnsghmc") or {}
-    if nn.get("alpha_note"):
-        parts.append(f"NNSGHMC alpha: {nn['alpha_note']}.")
+    for entry in summary["methods"].values():
+        if entry.get("alpha_note"):
+            parts.append(f"{entry['label']} alpha: {entry['alpha_note']}.")
     return " ".join(parts)
 
 

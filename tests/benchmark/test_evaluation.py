@@ -341,6 +341,7 @@ methods:
   msgnht: {{lr_grid: [0.02]}}
   csgld: {{lr_grid: [0.3], n_cycles: 2}}
   csghmc: {{enabled: false}}
+  cnnsghmc: {{enabled: true, lr_grid: [0.03], n_cycles: 2}}
   sgdm: {{enabled: false}}
   adam: {{lr_grid: [0.003]}}
 """
@@ -412,7 +413,7 @@ def test_evaluate_cli_writes_every_result(tmp_path):
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["tiny"]  # no staging left
     results = json.loads((out / "results.json").read_text())
     methods = results["methods"]
-    assert list(methods) == ["nnsghmc", "sgld", "msgnht", "csgld", "adam"]
+    assert list(methods) == ["nnsghmc", "sgld", "msgnht", "csgld", "cnnsghmc", "adam"]
     nn = methods["nnsghmc"]
     # the grid [0.01, 0.05], extended beyond an edge while the best value sits there
     assert nn["tuning_grid"] == [0.01, 0.05]
@@ -424,12 +425,12 @@ def test_evaluate_cli_writes_every_result(tmp_path):
         assert 0 <= entry["summary"]["average_error"]["mean"] <= 1
         assert entry["runs"][0]["curves"][-1]["step"] == 16
     table = (out / "table.md").read_text()
-    for label in ("NNSGHMC", "SGLD", "mSGNHT-S", "cSGLD", "Adam (optimiser)"):
+    for label in ("NNSGHMC", "SGLD", "mSGNHT-S", "cSGLD", "cNNSGHMC", "Adam (optimiser)"):
         assert f"| {label} |" in table
     assert "±" in table
     curves = (out / "curves.csv").read_text().splitlines()
     assert curves[0].startswith("method,seed,step,epoch,seconds")
-    assert len(curves) == 1 + 5 * 2 * 4  # methods x seeds x evaluations
+    assert len(curves) == 1 + 6 * 2 * 4  # methods x seeds x evaluations
     assert (out / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

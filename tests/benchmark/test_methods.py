@@ -27,7 +27,7 @@ def test_the_methods_section_is_the_registry():
         assert spec.grid(cfg.methods[key]) == list(spec.schema().lr_grid)
 
 
-@pytest.mark.parametrize("key", [k for k in METHODS if k != "nnsghmc"])
+@pytest.mark.parametrize("key", [k for k in METHODS if not METHODS[k].stored_step])
 def test_builders_return_the_registered_class_and_order(key):
     sampler = build_method(key, {}, 0.01, n_data=100, n_steps=20)
     spec = METHODS[key]
@@ -82,3 +82,33 @@ def test_divergence_step_comes_from_the_error_field_not_its_message():
     assert run.message == "chain 1 blew up"
     assert [row["step"] for row in run.curves] == [5, 10]
     assert torch.isnan(torch.tensor(run.final["average_nll"]))
+
+
+def test_cyclical_nnsghmc_is_the_loaded_sampler_under_the_cyclical_schedule(tmp_path):
+    """``cnnsghmc`` samples with the file's nets at cSGHMC's cosine schedule: the step falls
+    from the tuned value to ~0 within each cycle and the first quarter of a cycle explores."""
+    from metasampler.learned import NNSGHMC
+    from metasampler.schedules import CyclicalCosine
+
+    path = tmp_path / "s.safetensors"
+    NNSGHMC(lr=0.01, q_hidden=(3,), d_hidden=(3,)).save(str(path))
+    options = {"n_cycles": 2, "explore_fraction": 0.5}
+    plain = build_method("nnsghmc", {}, 0.02, n_data=100, n_steps=40, sampler_path=path)
+    cyc = build_method("cnnsghmc", options, 0.02, n_data=100, n_steps=40, sampler_path=path)
+    assert isinstance(cyc, NNSGHMC) and cyc.lr == plain.lr == 0.02
+    assert cyc.schedule == CyclicalCosine(40, 2, 0.5)
+    scales = [cyc.schedule(k) for k in range(1, 41)]
+    assert scales[0] == (1.0, True) and scales[19].scale < 0.01 and not scales[19].explore
+    assert scales[20] == (1.0, True)
+    for name, param in plain.named_parameters():
+        assert torch.equal(param, dict(cyc.named_parameters())[name])
+    assert not load_benchmark_config(None).methods.cnnsghmc.enabled  # opt-in
+
+
+def test_a_learned_method_alone_still_needs_the_sampler_file():
+    import evaluate
+
+    overrides = [f"methods.{k}.enabled=false" for k in METHODS] + ["methods.cnnsghmc.enabled=true"]
+    cfg = load_benchmark_config(None, overrides)
+    with pytest.raises(evaluate._Stop, match="methods.cnnsghmc is enabled but no sampler file"):
+        evaluate._sampler_path(cfg, None)
