@@ -7,8 +7,10 @@ Runs the sampler under the config's protocol (warm-up phase, ``alpha_per_step``)
 learning rate ``--lr`` and prints, every ``--every`` steps, over all chains and coordinates:
 the step ``eta_k``; the mean of ``Q_f`` and the fraction of coordinates whose ``f_phiQ`` sits at
 its clamp; the friction per step ``eta_k * D_f`` (mean and 90th percentile) split into the
-``alpha Q_f^2`` part and the ``s_D f_phiD + c`` part; and the test error of the ensemble of the
-current chains (error and NLL). ``--alpha-per-step`` and ``--d-scale`` change the friction for
+``alpha Q_f^2`` part and the ``s_D f_phiD + c`` part; the nets' per-coordinate inputs (median
+and RMS of the standardised gradient ``g_hat``, RMS of the standardised momentum ``p_hat``, at
+the last step's gradient); and the test error of the ensemble of the current chains (error and
+NLL). ``--alpha-per-step`` and ``--d-scale`` change the friction for
 an ablation. SGHMC's friction per step in the benchmark is ``momentum_decay`` (0.01): a
 sampler whose per-step friction is far above it moves like an over-damped (slow) SGHMC.
 """
@@ -81,9 +83,10 @@ def print_header(args, problem, sampler, eta, warmup, eta_warmup, note) -> None:
     )
     print(
         "| step | eta_k | mean Q_f | Q clamped | eta D_f mean | eta D_f p90 | "
-        "eta alpha Q^2 | eta (s_D f_D + c) | ensemble test err % | ensemble test NLL |"
+        "eta alpha Q^2 | eta (s_D f_D + c) | median abs g_hat | RMS g_hat | RMS p_hat | "
+        "ensemble test err % | ensemble test NLL |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def friction_row(sampler, problem, state, eta_k: float) -> str:
@@ -106,6 +109,8 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
     # the alpha Q_f^2 share of D_f (before any d_clamp): divided by eta in per-step units
     curl_part = sampler.alpha * q * q / (eta_k if units == "per_step" else 1.0)
     per_step = eta_k * d
+    v = sampler._scalars(target, eta_k, sampler.temperature)
+    g_hat, p_hat = state.grad.double() * v["g_scale"], state.momentum.double() * v["inv_sp"]
     lp = predict_log_probs(target, state.theta, x_test)
     ens = ensemble_log_probs_from_lp(lp)
     err, nll = error_rate(ens, y_test), negative_log_likelihood(ens, y_test)
@@ -113,7 +118,9 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
         f"| {state.step} | {eta_k:.4g} | {float(q.mean()):.3f} | {float(clamped):.1%} | "
         f"{float(per_step.mean()):.4f} | {float(per_step.flatten().quantile(0.9)):.4f} | "
         f"{float((eta_k * curl_part).mean()):.4f} | "
-        f"{float((eta_k * (d - curl_part)).mean()):.4f} | {100 * err:.2f} | {nll:.4f} |"
+        f"{float((eta_k * (d - curl_part)).mean()):.4f} | {float(g_hat.abs().median()):.2f} | "
+        f"{float(g_hat.pow(2).mean().sqrt()):.2f} | {float(p_hat.pow(2).mean().sqrt()):.3f} | "
+        f"{100 * err:.2f} | {nll:.4f} |"
     )
 
 
