@@ -80,3 +80,20 @@ def test_nan_data_in_a_bayesian_model_is_rejected_at_construction():
     x[4, 0] = float("nan")
     with pytest.raises(ValueError, match="x has 1 non-finite"):
         ms.BayesianModel(torch.nn.Linear(3, 2), (x, torch.zeros(20, dtype=torch.long)))
+
+
+def test_finiteness_check_names_the_chain_and_passes_finite_values_whose_sum_overflows():
+    from metasampler.samplers.base import check_finite
+    from metasampler.targets import NonFiniteError
+
+    big = torch.full((3, 4), 3e38)  # finite entries whose sum is inf in float32
+    check_finite(5, grad=big)
+    bad = torch.ones(3, 4)
+    bad[2, 1] = float("nan")
+    with pytest.raises(NonFiniteError, match="non-finite grad in chain 2 at step 5") as err:
+        check_finite(5, energy=torch.ones(3), grad=bad)
+    assert (err.value.chain, err.value.quantity) == (2, "grad")
+    both = torch.ones(3, 4)
+    both[1, 0], both[1, 1] = float("inf"), float("-inf")  # a sum of nan, also caught
+    with pytest.raises(NonFiniteError, match="chain 1"):
+        check_finite(1, grad=both)
