@@ -55,8 +55,9 @@ _TANH_NUM = (
 _TANH_DEN = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
 
 
-def tanh_rational(x: Tensor) -> Tensor:
-    """``tanh(x)`` for float32 from mul/add/div only (a few ulp; odd, exact 0 at 0)."""
+def tanh_rational_parts(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Numerator and denominator of :func:`tanh_rational` (the denominator lies in
+    ``[4.9e-3, 0.91]``)."""
     x = x.clamp(-_TANH_CLIP, _TANH_CLIP)
     x2 = x * x
     num = x2 * _TANH_NUM[6] + _TANH_NUM[5]
@@ -65,7 +66,13 @@ def tanh_rational(x: Tensor) -> Tensor:
     den = x2 * _TANH_DEN[3] + _TANH_DEN[2]
     for coef in _TANH_DEN[1::-1]:
         den = den * x2 + coef
-    return x * num / den
+    return x * num, den
+
+
+def tanh_rational(x: Tensor) -> Tensor:
+    """``tanh(x)`` for float32 from mul/add/div only (a few ulp; odd, exact 0 at 0)."""
+    num, den = tanh_rational_parts(x)
+    return num / den
 
 
 def _activate(name: str, a: Tensor, slope: bool) -> tuple[Tensor, Tensor | None]:
