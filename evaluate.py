@@ -61,7 +61,7 @@ class _Stop(Exception):
 
 
 def _sampler_path(cfg, option: str | None) -> str | None:
-    """The NNSGHMC file, validated before any work (``None`` when NNSGHMC is off)."""
+    """The NNSGHMC file, validated before any work (``None`` when no enabled method uses one)."""
     from metasampler.benchmark.methods import uses_sampler_file
     from metasampler.export import SamplerFileError, load_sampler
 
