@@ -78,6 +78,7 @@ Activation = _choices(
     "relu",
     "sigmoid",
     "softplus",
+    "softsign",
 )
 DOutput = _choices(
     "DOutput", "Output transform of ``f_phiD`` (both keep it >= 0).", "softplus", "abs"

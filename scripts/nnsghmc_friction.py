@@ -89,14 +89,29 @@ def print_header(args, problem, sampler, eta, warmup, eta_warmup, note) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def friction_row(sampler, problem, state, eta_k: float) -> str:
-    """One row of the table: curl, friction and ensemble test error of ``state``'s chains."""
+def ensemble_test_metrics(target, theta, x_test, y_test) -> tuple[float, float]:
+    """Error and NLL of the chains' ensemble, per frame for a sequence task (as evaluate.py)."""
     from metasampler.benchmark import (
         ensemble_log_probs_from_lp,
         error_rate,
+        frame_metrics,
+        frame_targets,
+        is_sequence_model,
         negative_log_likelihood,
+        predict_frame_log_probs,
         predict_log_probs,
     )
+
+    if is_sequence_model(target):
+        lp = predict_frame_log_probs(target, theta, x_test, y_test)
+        metrics = frame_metrics(ensemble_log_probs_from_lp(lp), frame_targets(y_test))
+        return metrics["error"], metrics["nll"]
+    ens = ensemble_log_probs_from_lp(predict_log_probs(target, theta, x_test))
+    return error_rate(ens, y_test), negative_log_likelihood(ens, y_test)
+
+
+def friction_row(sampler, problem, state, eta_k: float) -> str:
+    """One row of the table: curl, friction and ensemble test error of ``state``'s chains."""
 
     target, x_test, y_test = problem.target, problem.data.x_test, problem.data.y_test
     with torch.no_grad():
@@ -111,9 +126,7 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
     per_step = eta_k * d
     v = sampler._scalars(target, eta_k, sampler.temperature)
     g_hat, p_hat = state.grad.double() * v["g_scale"], state.momentum.double() * v["inv_sp"]
-    lp = predict_log_probs(target, state.theta, x_test)
-    ens = ensemble_log_probs_from_lp(lp)
-    err, nll = error_rate(ens, y_test), negative_log_likelihood(ens, y_test)
+    err, nll = ensemble_test_metrics(target, state.theta, x_test, y_test)
     return (
         f"| {state.step} | {eta_k:.4g} | {float(q.mean()):.3f} | {float(clamped):.1%} | "
         f"{float(per_step.mean()):.4f} | {float(per_step.flatten().quantile(0.9)):.4f} | "

@@ -13,7 +13,9 @@ round's SGHMC block time.
   the shipped sampler of the new MNIST recipe (``mnist_mlp_transfer``: a curl ``Q_f(U)``
   without the momentum input, so one net per coordinate instead of three), the 0-4 sampler
   with the stiffness input (``mnist_mlp_0to4_stiffness``: ``Q_f(U, s_i)``, two nets per
-  coordinate), and default ``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` nets. The warm-up
+  coordinate), default ``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` nets, and untrained nets
+  of 10 and 40 units with the ``softsign`` activation ``a / (1 + |a|)`` (one division per
+  unit instead of tanh's rational form of eleven coefficients). The warm-up
   waits for the background compiles, so the timed steps are the steady state.
 * ``meta``: one unrolled meta-training window (W = 5 steps with autograd, then the backward
   of a loss on the final state) per block, divided by W, against an SGHMC sampling step:
@@ -23,7 +25,8 @@ round's SGHMC block time.
   (``step_path="compiled"``, what ``train.compile_steps`` selects; its compile falls in the
   untimed warm-up round); the last two again with the energy-only curl ``Q_f(U)``
   (``q_momentum_input=False``, as ``configs/mnist_mlp_transfer.yaml`` trains), and the
-  compiled one with the stiffness input ``Q_f(U, s_i)`` (``q_stiffness_input=True``).
+  compiled one with the stiffness input ``Q_f(U, s_i)`` (``q_stiffness_input=True``), and
+  compiled with ``softsign`` units (default curl, and the stiffness input).
 * ``first-use``: a fresh process with empty compile caches (``TORCHINDUCTOR_CACHE_DIR`` and
   ``METASAMPLER_CACHE_DIR`` pointing to a new directory) runs 30 steps of the shipped sampler
   on the MLP, against 30 SGHMC steps in another fresh process.
@@ -83,11 +86,14 @@ def sampling_variants() -> dict:
     eta = (lr / 5000) ** 0.5
     eager = load_sampler(SHIPPED)
     eager.use_compile = False
+    nets = {  # (hidden units, activation): untrained nets of the shipped file's layout
+        (h, act, g): dict(lr=lr, gamma=g, beta_off=1.0, c=1.0, activation=act, q_hidden=(h,),
+                          d_hidden=(h,))
+        for h in (10, 40) for act in ("tanh", "softsign") for g in ("exact", "finite_difference")
+    }  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        wide = {
-            g: NNSGHMC(lr=lr, gamma=g, beta_off=1.0, c=1.0) for g in ("exact", "finite_difference")
-        }
+        built = {key: NNSGHMC(**kwargs) for key, kwargs in nets.items()}
     return {
         "SGHMC": SGHMC(eta=eta, friction=1.0),
         "shipped exact": load_sampler(SHIPPED),
@@ -96,8 +102,12 @@ def sampling_variants() -> dict:
         "mnist_mlp_transfer exact": load_sampler(TRANSFER),
         "mnist_mlp_transfer FD": load_sampler(TRANSFER, gamma="finite_difference"),
         "stiffness input exact": load_sampler(STIFFNESS),
-        "40-unit exact": wide["exact"],
-        "40-unit FD": wide["finite_difference"],
+        "10-unit softsign exact": built[10, "softsign", "exact"],
+        "10-unit softsign FD": built[10, "softsign", "finite_difference"],
+        "40-unit exact": built[40, "tanh", "exact"],
+        "40-unit FD": built[40, "tanh", "finite_difference"],
+        "40-unit softsign exact": built[40, "softsign", "exact"],
+        "40-unit softsign FD": built[40, "softsign", "finite_difference"],
     }
 
 
@@ -128,13 +138,17 @@ def time_meta(target, init, hidden: int, window: int, repeats: int, eta: float):
     variants += [("auto", False, False), ("compiled", False, False)]  # the curl Q_f(U)
     variants += [("compiled", False, True)]  # Q_f(U, s_i): the stiffness input
     names = {(True, False): "", (False, False): ", curl Q_f(U)", (False, True): ", curl Q_f(U, s)"}
-    for path, momentum_input, stiffness_input in variants:
+    variants = [(*v, "tanh") for v in variants]
+    variants += [("compiled", True, False, "softsign"), ("compiled", False, True, "softsign")]
+    for path, momentum_input, stiffness_input, activation in variants:
         s = NNSGHMC(
             eta=eta, q_hidden=(hidden,), d_hidden=(hidden,), beta_off=1.0, c=1.0,
             q_momentum_input=momentum_input, q_stiffness_input=stiffness_input,
+            activation=activation,
         )  # fmt: skip
         s.step_path = path
-        samplers[f"meta {path}" + names[momentum_input, stiffness_input]] = s
+        suffix = "" if activation == "tanh" else f", {activation} units"
+        samplers[f"meta {path}" + names[momentum_input, stiffness_input] + suffix] = s
     times: dict[str, list[float]] = {name: [] for name in samplers}
     gen = torch.Generator().manual_seed(1)
     for rnd in range(repeats + 1):

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 __all__ = ["CoordinateMLP", "coordinate_mlp", "NetParams", "ACTIVATIONS", "OUTPUTS"]
 
-ACTIVATIONS = ("tanh", "relu", "sigmoid", "softplus")
+ACTIVATIONS = ("tanh", "relu", "sigmoid", "softplus", "softsign")
 OUTPUTS = ("identity", "softplus", "abs")
 #: ``(((W_1, b_1), ..., (W_L, b_L)), (w_out, b_out))``: hidden layers, then the head's weight
 #: row ``(H_L,)`` and scalar bias.
@@ -88,6 +88,9 @@ def _activate(name: str, a: Tensor, slope: bool) -> tuple[Tensor, Tensor | None]
         return y, y * (1.0 - y) if slope else None
     if name == "softplus":
         return nn.functional.softplus(a), torch.sigmoid(a) if slope else None
+    if name == "softsign":  # a / (1 + |a|): tanh's shape from one division (#12)
+        r = 1.0 / (1.0 + a.abs())
+        return a * r, r * r if slope else None
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
 
 

@@ -94,16 +94,20 @@ def split_prior_sampler(**kwargs) -> NNSGHMC:
 
 
 @pytest.mark.parametrize(
-    ("hidden", "q_momentum_input", "q_stiffness_input"),
-    [((8,), True, False), ((8, 6), True, False), ((8,), False, False), ((8,), False, True),
-     ((8,), True, True)],
+    ("hidden", "q_momentum_input", "q_stiffness_input", "activation"),
+    [((8,), True, False, "tanh"), ((8, 6), True, False, "tanh"), ((8,), False, False, "tanh"),
+     ((8,), False, True, "tanh"), ((8,), True, True, "tanh"), ((8, 6), True, False, "softsign"),
+     ((8,), True, True, "softsign"), ((8,), True, False, "sigmoid"),
+     ((8,), True, False, "softplus")],
 )  # fmt: skip
-def test_exact_gamma_equals_brute_force_jacobian(hidden, q_momentum_input, q_stiffness_input):
+def test_exact_gamma_equals_brute_force_jacobian(
+    hidden, q_momentum_input, q_stiffness_input, activation
+):
     torch.manual_seed(0)
     target = SplitPriorTarget()
     # Non-trivial input statistics and prior scaling: every factor must enter the chain rule.
     sampler = split_prior_sampler(
-        q_hidden=hidden, energy_input_scale=0.7, grad_input_scale=1.3,
+        q_hidden=hidden, energy_input_scale=0.7, grad_input_scale=1.3, activation=activation,
         q_momentum_input=q_momentum_input, q_stiffness_input=q_stiffness_input,
     )  # fmt: skip
     sampler.energy_loc.fill_(0.2)
@@ -308,6 +312,8 @@ CURL_INPUTS = {
     "energy": dict(q_momentum_input=False),
     "stiffness": dict(q_momentum_input=False, q_stiffness_input=True),
     "momentum+stiffness": dict(q_momentum_input=True, q_stiffness_input=True),
+    # not a curl input: the cheap hidden activation (#12), through the same paths
+    "momentum+softsign": dict(q_momentum_input=True, activation="softsign"),
 }
 
 
@@ -443,6 +449,7 @@ def test_compiled_training_configurations_do_not_share_a_recompile_budget(monkey
         ((3, 3), "exact", "momentum"),
         ((4,), "finite_difference", "energy"),
         ((4,), "exact", "stiffness"),
+        ((4,), "exact", "momentum+softsign"),
     ],
 )
 def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, curl, tmp_path, monkeypatch):
