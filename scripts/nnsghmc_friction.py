@@ -112,7 +112,6 @@ def ensemble_test_metrics(target, theta, x_test, y_test) -> tuple[float, float]:
 
 def friction_row(sampler, problem, state, eta_k: float) -> str:
     """One row of the table: curl, friction and ensemble test error of ``state``'s chains."""
-
     target, x_test, y_test = problem.target, problem.data.x_test, problem.data.y_test
     with torch.no_grad():
         terms = sampler.drift_terms(

@@ -134,12 +134,13 @@ def time_sampling(target, samplers: dict, init, steps: int, warmup: int, repeats
 def time_meta(target, init, hidden: int, window: int, repeats: int, eta: float):
     """ms per unrolled step (forward + backward / W) of each path, and SGHMC's sampling step."""
     samplers = {"SGHMC": SGHMC(eta=eta, friction=1.0)}
-    variants = [("auto", True, False), ("recompute", True, False), ("compiled", True, False)]
-    variants += [("auto", False, False), ("compiled", False, False)]  # the curl Q_f(U)
-    variants += [("compiled", False, True)]  # Q_f(U, s_i): the stiffness input
-    names = {(True, False): "", (False, False): ", curl Q_f(U)", (False, True): ", curl Q_f(U, s)"}
-    variants = [(*v, "tanh") for v in variants]
+    # (path, momentum input, stiffness input, activation)
+    variants = [("auto", True, False, "tanh"), ("recompute", True, False, "tanh")]
+    variants += [("compiled", True, False, "tanh"), ("auto", False, False, "tanh")]
+    variants += [("compiled", False, False, "tanh")]  # the curl Q_f(U)
+    variants += [("compiled", False, True, "tanh")]  # Q_f(U, s_i): the stiffness input
     variants += [("compiled", True, False, "softsign"), ("compiled", False, True, "softsign")]
+    names = {(True, False): "", (False, False): ", curl Q_f(U)", (False, True): ", curl Q_f(U, s)"}
     for path, momentum_input, stiffness_input, activation in variants:
         s = NNSGHMC(
             eta=eta, q_hidden=(hidden,), d_hidden=(hidden,), beta_off=1.0, c=1.0,
