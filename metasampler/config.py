@@ -70,6 +70,10 @@ SamplerConfig = make_dataclass(
         *config_fields(),
         # >0: measure input statistics with the untrained sampler
         ("calibrate_steps", int, field(default=0)),
+        # known variance of the gradient noise (e.g. task.grad_noise_std ** 2 on the toy):
+        # the injected noise leaves out the part the noisy gradient already brings
+        # (NNSGHMC(grad_noise_var=...)); not stored in the exported sampler
+        ("grad_noise_var", float, field(default=0.0)),
     ],
     namespace={"__doc__": "NNSGHMC architecture and constants (see :class:`NNSGHMCArgs`)."},
 )

@@ -81,17 +81,26 @@ def complete_recipe_momentum(
     noise: Tensor | None,
     eta: float | Tensor,
     temperature: float | Tensor,
+    grad_noise_var: float | Tensor | None = None,
 ) -> Tensor:
     """Momentum half of the modified Euler step of a diagonal complete recipe (NNSGHMC,
     Gong et al. 2019 eq. 7) with per-coordinate curl ``Q`` and friction ``D``:
-    ``p <- (1 - eta D) p - eta Q grad + eta T Gamma_p + sqrt(2 eta T D) xi``; ``noise`` is
-    ``xi ~ N(0, I)`` (``None``: no noise), ``gamma_p`` ``None``: no Gamma term."""
+    ``p <- (1 - eta D) p - eta Q grad + eta T Gamma_p + sqrt(2 eta T D - eta^2 Q^2 V) xi``;
+    ``noise`` is ``xi ~ N(0, I)`` (``None``: no noise), ``gamma_p`` ``None``: no Gamma term.
+
+    ``grad_noise_var`` ``V`` (``None``: 0) is the known variance of the gradient's noise per
+    coordinate: ``eta Q grad`` already carries ``eta^2 Q^2 V`` of momentum variance, so the
+    injected noise gives only the rest (SGHMC's ``B_hat = eta Q^2 V / 2`` correction, Chen et
+    al. 2014; where ``B_hat > T D`` it injects none and the chain stays a little hot)."""
     new_p = (1.0 - eta * diffusion) * momentum - eta * curl * grad
     if gamma_p is not None:
         new_p = new_p + (eta * temperature) * gamma_p
     if noise is not None:
-        # D below 1e-20 counts as 0 inside the root, so its gradient stays finite
-        new_p = new_p + noise * torch.sqrt((2.0 * eta * temperature) * diffusion.clamp_min(1e-20))
+        variance = (2.0 * eta * temperature) * diffusion
+        if grad_noise_var is not None:
+            variance = variance - (eta * curl).square() * grad_noise_var
+        # below 1e-20 counts as 0 inside the root, so its gradient stays finite
+        new_p = new_p + noise * torch.sqrt(variance.clamp_min(1e-20))
     return new_p
 
 

@@ -1,7 +1,8 @@
 """Evaluate trained toy samplers on the 20-D test protocol (SPEC §5).
 
     python scripts/toy_eval.py runs/toy_gaussian/sampler.safetensors [more files] \\
-        [--n-steps 12000] [--n-chains 50] [--eta 0.025] [--seed 0] [--json out.json]
+        [--n-steps 12000] [--n-chains 50] [--eta 0.025] [--seed 0] [--noise-correction] \\
+        [--json out.json]
 
 For each sampler file: 50 chains x 12,000 steps on the 20-D correlated test Gaussian with
 gradient noise N(0, 1), ``eta = 0.025``, chains from ``U([0, 6]^D)``; prints KL@1k, KL@12k
@@ -38,6 +39,10 @@ def trained_with_normalised_energy(path: Path) -> bool:
     return bool(OmegaConf.select(config, "task.energy_log_normaliser", default=False))
 
 
+#: The test's gradient noise (SPEC §5: ``N(0, 1)`` added to every gradient coordinate).
+TEST_GRAD_NOISE_STD = 1.0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -48,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eta", type=float, default=0.025)
     parser.add_argument("--seed", type=int, default=0, help="seed of the test chains")
     parser.add_argument("--normalised-energy", choices=("auto", "yes", "no"), default="auto")
+    parser.add_argument(
+        "--noise-correction",
+        action="store_true",
+        help="give the sampler the test's known gradient-noise variance (grad_noise_var = 1)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="append results as JSON lines")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -66,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             # Eager steps: the default background compile switches paths at a run-dependent
             # step, which makes two evaluations of one file differ in the last digits.
             sampler.use_compile = False
+            if args.noise_correction:
+                sampler.grad_noise_var = TEST_GRAD_NOISE_STD**2
         except (FileNotFoundError, ms.SamplerFileError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -86,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 n_steps=args.n_steps,
                 kl_at=kl_at,
                 seed=args.seed,
+                grad_noise_std=TEST_GRAD_NOISE_STD,
             )
         except NonFiniteError as err:  # a sampler that blows up is a result, not a crash
             print(f"| {path} | {normalised} | diverged: {err} | | | |", flush=True)
@@ -98,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.json is not None:
             record = {"sampler": str(path), "normalised_energy": normalised, **result}
+            record["grad_noise_var"] = sampler.grad_noise_var
             with args.json.open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
     return 0

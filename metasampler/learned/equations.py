@@ -24,7 +24,7 @@ _FD_MIN_STEP = 1e-4
 #: Names of the scalars of :func:`nnsghmc_update` (floats, or 0-d tensors when compiled).
 SCALARS = (
     "eta", "temperature", "inv_sp", "g_scale", "du_scale", "prior_w", "alpha", "c", "s_d",
-    "q_clamp", "beta_off", "d_clamp",
+    "q_clamp", "beta_off", "d_clamp", "grad_noise_var",
 )  # fmt: skip
 
 
@@ -40,6 +40,7 @@ class StepConfig:
     detach: bool  # stop-gradient net inputs
     q_momentum: bool = True  # f_phiQ takes p_hat (else Q_f = f_phiQ(U): no Gamma_theta)
     q_stiffness: bool = False  # f_phiQ also takes the per-coordinate stiffness (constant in z)
+    noise_correction: bool = False  # grad_noise_var > 0: subtract the gradient noise's heating
 
 
 # -- the NNSGHMC equations, written once ------------------------------------------------------
@@ -170,7 +171,8 @@ def nnsghmc_update(
         u, p_hat, g_hat, du, q_net, d_net, v, cfg, cache, stiffness
     )
     eta, temperature = v["eta"], v["temperature"]
-    new_p = complete_recipe_momentum(p, grad, q, d, gamma_p, noise, eta, temperature)
+    noise_var = v["grad_noise_var"] if cfg.noise_correction else None
+    new_p = complete_recipe_momentum(p, grad, q, d, gamma_p, noise, eta, temperature, noise_var)
     new_p_hat = new_p * v["inv_sp"]
     if cfg.detach:
         new_p_hat = new_p_hat.detach()

@@ -139,6 +139,13 @@ class NNSGHMC(nn.Module, Sampler):
                 waits minutes for the compile); ``step_path`` (attribute: "auto",
                 "plain", "blocks", "recompute", "compiled") forces one way of running the step
                 (:mod:`metasampler.learned.fast`), for tests and benchmarks.
+            grad_noise_var: the variance ``V`` of the gradient's noise per coordinate, where it
+                is known (e.g. the toy targets' injected ``N(0, sigma^2)``: ``V = sigma^2``).
+                ``0`` (default): none assumed. With ``V > 0`` the injected noise gives
+                ``2 eta T D_f - eta^2 Q_f^2 V`` instead of ``2 eta T D_f`` (SGHMC's ``B_hat``
+                correction with a learned curl), so the noise of ``eta Q_f grad Ũ`` no longer
+                heats the chains. A property of the problem, like ``temperature``: not part of
+                the exported sampler; settable on a loaded one as an attribute.
             **arguments: the architecture and constants, the fields of
                 :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
                 attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).
@@ -158,6 +165,7 @@ class NNSGHMC(nn.Module, Sampler):
         lr: float | None = None,
         temperature: float = 1.0,
         schedule: Schedule | None = None,
+        grad_noise_var: float = 0.0,
         **arguments: Any,
     ) -> None:
         nn.Module.__init__(self)
@@ -186,6 +194,9 @@ class NNSGHMC(nn.Module, Sampler):
             self.f_d.reset_parameters(generator)
         for f in arg_fields(CONSTANTS):
             setattr(self, f.name, getattr(args, f.name))
+        if not (math.isfinite(grad_noise_var) and grad_noise_var >= 0):
+            raise ValueError(f"grad_noise_var must be a finite number >= 0, got {grad_noise_var!r}")
+        self.grad_noise_var = float(grad_noise_var)
         # Not `self.compile`: that would shadow nn.Module.compile.
         self.use_compile = compile
         self.step_path = "auto"  # see `fast.PATHS`
@@ -265,6 +276,7 @@ class NNSGHMC(nn.Module, Sampler):
             "q_clamp": self.q_clamp,
             "beta_off": self.beta_off,
             "d_clamp": math.inf if self.d_clamp is None else self.d_clamp,
+            "grad_noise_var": self.grad_noise_var,
         }
 
     def _config(self, gamma: str, detach: bool) -> StepConfig:
@@ -277,6 +289,7 @@ class NNSGHMC(nn.Module, Sampler):
             detach=detach,
             q_momentum=self.q_momentum_input,
             q_stiffness=self.q_stiffness_input,
+            noise_correction=self.grad_noise_var > 0,
         )
 
     def _nets(self, dtype: torch.dtype | None = None) -> tuple[NetParams, NetParams]:
