@@ -13,7 +13,8 @@ round's SGHMC block time.
   the shipped sampler of the new MNIST recipe (``mnist_mlp_transfer``: a curl ``Q_f(U)``
   without the momentum input, so one net per coordinate instead of three), the 0-4 sampler
   with the stiffness input (``mnist_mlp_0to4_stiffness``: ``Q_f(U, s_i)``, two nets per
-  coordinate), default ``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` nets, and untrained nets
+  coordinate), ``mnist_mlp_stiffness_softsign`` (the same layout, trained on all digits with
+  ``softsign`` units), default ``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` nets, and untrained nets
   of 10 and 40 units with the ``softsign`` activation ``a / (1 + |a|)`` (one division per
   unit instead of tanh's rational form of eleven coefficients). The warm-up
   waits for the background compiles, so the timed steps are the steady state.
@@ -66,6 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "pretrained" / "mnist_mlp.safetensors"
 TRANSFER = ROOT / "pretrained" / "mnist_mlp_transfer.safetensors"  # energy-only curl
 STIFFNESS = ROOT / "pretrained" / "mnist_mlp_0to4_stiffness.safetensors"  # Q_f(U, s_i)
+SOFTSIGN = ROOT / "pretrained" / "mnist_mlp_stiffness_softsign.safetensors"  # the same, softsign
 
 
 def mlp_target(hidden: tuple[int, ...], n_chains: int = 20):
@@ -102,6 +104,7 @@ def sampling_variants() -> dict:
         "mnist_mlp_transfer exact": load_sampler(TRANSFER),
         "mnist_mlp_transfer FD": load_sampler(TRANSFER, gamma="finite_difference"),
         "stiffness input exact": load_sampler(STIFFNESS),
+        "mnist_mlp_stiffness_softsign exact": load_sampler(SOFTSIGN),
         "10-unit softsign exact": built[10, "softsign", "exact"],
         "10-unit softsign FD": built[10, "softsign", "finite_difference"],
         "40-unit exact": built[40, "tanh", "exact"],

@@ -30,8 +30,7 @@ def update_grad_sq(past: Tensor | None, grad: Tensor, step: int, decay: float) -
     square = grad.detach().square()
     if past is None:
         return square
-    weight = max(1.0 / step, 1.0 - decay)
-    return past + weight * (square - past)
+    return past.lerp(square, max(1.0 / step, 1.0 - decay))  # past + w (square - past)
 
 
 def stiffness_input(grad_sq: Tensor, eta: float) -> Tensor:
