@@ -81,10 +81,10 @@ from ..nnsghmc_args import (
 from ..sampler_write import write_sampler
 from ..samplers.base import Sampler, SamplerState, check_finite
 from ..samplers.sghmc import init_momentum
-from ..sampling import make_generator, sample
 from ..schedules import Schedule
 from ..stepsize import resolve_eta
 from ..targets import Evaluation, Target
+from .calibration import calibrate_inputs
 from .equations import StepArgs, StepConfig, nnsghmc_coefficients
 from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
@@ -409,7 +409,6 @@ class NNSGHMC(nn.Module, Sampler):
         return SamplerState(new_theta, new_p, extras, state.step, state.eta, ev.energy, ev.grad)
 
     # -- input statistics -------------------------------------------------------------------
-    @torch.no_grad()
     def calibrate(
         self,
         target: Target,
@@ -425,34 +424,7 @@ class NNSGHMC(nn.Module, Sampler):
         ``energy_std``) to the statistics of ``p``, ``grad Ũ`` and the per-datum energy seen over
         the run (004 appendix E). Returns them.
         """
-        self.energy_loc.fill_(0.0)
-        for buffer in (self.energy_std, self.momentum_std, self.grad_std):
-            buffer.fill_(1.0)
-        device = self.f_q.head.weight.device
-        grad_generator = make_generator(seed + 1, device)
-        sums = {"p": [], "g": [], "u": []}
-
-        def record(state: SamplerState) -> None:
-            # The gradient input is re-evaluated (with its noise) on a separate stream so the
-            # run itself is the same as an uncalibrated one.
-            grad = target.evaluate(state.theta, grad_generator).grad
-            sums["p"].append(state.momentum.double().pow(2).mean())
-            sums["g"].append(grad.double().pow(2).mean())
-            sums["u"].append(state.energy.double() / self._energy_divisor(target))
-
-        run = {"init": init, "seed": seed, "callback": record, "device": device}
-        sample(self, target, n_chains, n_steps, progress=False, store=False, **run)
-        p_std = float(torch.stack(sums["p"]).mean().sqrt())
-        g_std = float(torch.stack(sums["g"]).mean().sqrt())
-        self.momentum_std.fill_(max(p_std, 1e-8))
-        self.grad_std.fill_(max(g_std, 1e-8))
-        result = {"momentum_std": p_std, "grad_std": g_std}
-        if energy:
-            energies = torch.cat(sums["u"])
-            self.energy_loc.fill_(float(energies.mean()))
-            self.energy_std.fill_(max(float(energies.std()), 1e-8))
-            result.update(energy_loc=float(self.energy_loc), energy_std=float(self.energy_std))
-        return result
+        return calibrate_inputs(self, target, n_chains, n_steps, init, seed, energy)
 
     def save(self, path: str, provenance: dict | None = None) -> None:
         """Export the (trained) sampler to a safetensors file; see :mod:`metasampler.export`."""

@@ -1,0 +1,59 @@
+"""Input statistics of NNSGHMC's nets, measured by running the sampler briefly (004 appendix E)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from ..samplers.base import SamplerState
+from ..sampling import make_generator, sample
+from ..targets import Target
+
+if TYPE_CHECKING:
+    from .nnsghmc import NNSGHMC
+
+__all__ = ["calibrate_inputs"]
+
+
+@torch.no_grad()
+def calibrate_inputs(
+    sampler: NNSGHMC,
+    target: Target,
+    n_chains: int = 20,
+    n_steps: int = 100,
+    init: Tensor | None = None,
+    seed: int = 0,
+    energy: bool = False,
+) -> dict[str, float]:
+    """:meth:`NNSGHMC.calibrate <metasampler.learned.NNSGHMC.calibrate>`: run ``sampler``
+    (e.g. untrained) for ``n_steps`` and set its input statistics to what the run saw."""
+    sampler.energy_loc.fill_(0.0)
+    for buffer in (sampler.energy_std, sampler.momentum_std, sampler.grad_std):
+        buffer.fill_(1.0)
+    device = sampler.f_q.head.weight.device
+    grad_generator = make_generator(seed + 1, device)
+    sums = {"p": [], "g": [], "u": []}
+
+    def record(state: SamplerState) -> None:
+        # The gradient input is re-evaluated (with its noise) on a separate stream so the
+        # run itself is the same as an uncalibrated one.
+        grad = target.evaluate(state.theta, grad_generator).grad
+        sums["p"].append(state.momentum.double().pow(2).mean())
+        sums["g"].append(grad.double().pow(2).mean())
+        sums["u"].append(state.energy.double() / sampler._energy_divisor(target))
+
+    run = {"init": init, "seed": seed, "callback": record, "device": device}
+    sample(sampler, target, n_chains, n_steps, progress=False, store=False, **run)
+    p_std = float(torch.stack(sums["p"]).mean().sqrt())
+    g_std = float(torch.stack(sums["g"]).mean().sqrt())
+    sampler.momentum_std.fill_(max(p_std, 1e-8))
+    sampler.grad_std.fill_(max(g_std, 1e-8))
+    result = {"momentum_std": p_std, "grad_std": g_std}
+    if energy:
+        energies = torch.cat(sums["u"])
+        sampler.energy_loc.fill_(float(energies.mean()))
+        sampler.energy_std.fill_(max(float(energies.std()), 1e-8))
+        result.update(energy_loc=float(sampler.energy_loc), energy_std=float(sampler.energy_std))
+    return result
