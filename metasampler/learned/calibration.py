@@ -27,8 +27,13 @@ def calibrate_inputs(
     seed: int = 0,
     energy: bool = False,
 ) -> dict[str, float]:
-    """:meth:`NNSGHMC.calibrate <metasampler.learned.NNSGHMC.calibrate>`: run ``sampler``
-    (e.g. untrained) for ``n_steps`` and set its input statistics to what the run saw."""
+    """Measure input statistics by running ``sampler`` (e.g. randomly initialised) briefly;
+    also ``sampler.calibrate(target, ...)``.
+
+    Sets ``momentum_std`` and ``grad_std`` (and, with ``energy=True``, ``energy_loc`` /
+    ``energy_std``) to the statistics of ``p``, ``grad Ũ`` and the per-datum energy seen over
+    ``n_chains`` x ``n_steps`` steps from ``init`` (004 appendix E). Returns them.
+    """
     sampler.energy_loc.fill_(0.0)
     for buffer in (sampler.energy_std, sampler.momentum_std, sampler.grad_std):
         buffer.fill_(1.0)

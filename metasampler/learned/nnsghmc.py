@@ -409,22 +409,9 @@ class NNSGHMC(nn.Module, Sampler):
         return SamplerState(new_theta, new_p, extras, state.step, state.eta, ev.energy, ev.grad)
 
     # -- input statistics -------------------------------------------------------------------
-    def calibrate(
-        self,
-        target: Target,
-        n_chains: int = 20,
-        n_steps: int = 100,
-        init: Tensor | None = None,
-        seed: int = 0,
-        energy: bool = False,
-    ) -> dict[str, float]:
-        """Measure input statistics by running this (e.g. randomly initialised) sampler briefly.
-
-        Sets ``momentum_std`` and ``grad_std`` (and, with ``energy=True``, ``energy_loc`` /
-        ``energy_std``) to the statistics of ``p``, ``grad Ũ`` and the per-datum energy seen over
-        the run (004 appendix E). Returns them.
-        """
-        return calibrate_inputs(self, target, n_chains, n_steps, init, seed, energy)
+    #: Measure input statistics by running this (e.g. untrained) sampler briefly
+    #: (:func:`~metasampler.learned.calibration.calibrate_inputs`).
+    calibrate = calibrate_inputs
 
     def save(self, path: str, provenance: dict | None = None) -> None:
         """Export the (trained) sampler to a safetensors file; see :mod:`metasampler.export`."""

@@ -6,7 +6,15 @@ import warnings
 
 import pytest
 import torch
-from statistical import Banana, check_moments, moments, must_fail, random_gaussian, run_chains
+from statistical import (
+    Banana,
+    check_moments,
+    diagonal_gaussian,
+    moments,
+    must_fail,
+    random_gaussian,
+    run_chains,
+)
 
 import metasampler as ms
 from metasampler.learned import NNSGHMC
@@ -743,3 +751,23 @@ def test_stationarity_with_binding_friction_clamp(gamma):
     theta = ms.sample(sampler, target, 200, 300, seed=1, progress=False).theta[-1]
     d = sampler.drift_terms(theta, torch.randn(theta.shape), target).d
     assert 0.2 < float((d == 1.0).double().mean()) < 0.8  # the clamp really binds
+
+
+def test_calibrate_measures_the_input_statistics_of_its_run():
+    # N(0, 9 I) in 4-D, chains started at exact samples with an SGHMC-like sampler: the
+    # gradient x / 9 has RMS 1/3, the momentum RMS 1 (T = 1), the energy |x|^2 / 18 mean 2 and
+    # standard deviation sqrt(2) (half a chi-square with 4 degrees of freedom).
+    case = diagonal_gaussian((9.0, 9.0, 9.0, 9.0))
+    # (a start drawn with another seed than the chains': with the same, the momentum would be
+    # drawn equal to theta / 3 and push every chain outwards)
+    init = 3.0 * torch.randn(400, 4, generator=torch.Generator().manual_seed(7))
+    sampler = NNSGHMC(eta=0.05, beta_off=1.0, c=1.0, d_output_scale=0.0)
+    with torch.no_grad():
+        sampler.f_q.head.weight.zero_()
+        sampler.f_q.head.bias.zero_()
+    stats = sampler.calibrate(case.target(), n_chains=400, n_steps=50, init=init, energy=True)
+    assert stats["grad_std"] == pytest.approx(1 / 3, rel=0.05)
+    assert stats["momentum_std"] == pytest.approx(1.0, rel=0.05)
+    assert stats["energy_loc"] == pytest.approx(2.0, rel=0.05)
+    assert stats["energy_std"] == pytest.approx(2**0.5, rel=0.1)
+    assert float(sampler.grad_std) == pytest.approx(stats["grad_std"])
