@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
-from ..samplers.base import SamplerState
+from ..samplers.base import Sampler, SamplerState
 from ..sampling import make_generator, sample
 from ..targets import Target
-
-if TYPE_CHECKING:
-    from .nnsghmc import NNSGHMC
 
 __all__ = ["calibrate_inputs"]
 
 
 @torch.no_grad()
 def calibrate_inputs(
-    sampler: NNSGHMC,
+    sampler: Sampler,  # an NNSGHMC (not imported here: it imports this module)
     target: Target,
     n_chains: int = 20,
     n_steps: int = 100,
