@@ -36,13 +36,12 @@ from pathlib import Path
 import torch
 
 import metasampler as ms
-from metasampler.benchmark import gaussian_benchmark
+from metasampler.benchmark.gaussian import TEST_GRAD_NOISE_STD, gaussian_benchmark
 from tasks.toy import paper_test_gaussian
 
 ROOT = Path(__file__).resolve().parent
 PRETRAINED = ROOT / "pretrained" / "toy_gaussian_known_noise.safetensors"
 TRAIN_CONFIG = ROOT / "configs" / "toy_gaussian_known_noise.yaml"
-GRAD_NOISE_STD = 1.0  # the test's gradient noise (SPEC §5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +114,7 @@ def _toy_comparison(
     """Step 2: the learned sampler, SGHMC and mSGNHT on the 20-D test Gaussian; prints the
     table of KL, ESS and seconds averaged over the seeds."""
     task = paper_test_gaussian()
-    noise_var = 0.0 if args.unknown_noise else GRAD_NOISE_STD**2
+    noise_var = 0.0 if args.unknown_noise else TEST_GRAD_NOISE_STD**2
     learned.grad_noise_var = noise_var
     methods = {
         "NNSGHMC (meta-trained)": learned,
@@ -129,7 +128,7 @@ def _toy_comparison(
     kl_at = sorted({min(1000, args.n_steps), args.n_steps})
     print(
         f"20-D correlated Gaussian, {args.n_chains} chains x {args.n_steps} steps, "
-        f"eta = {args.eta}, gradient noise N(0, {GRAD_NOISE_STD**2:g}) "
+        f"eta = {args.eta}, gradient noise N(0, {TEST_GRAD_NOISE_STD**2:g}) "
         f"({'unknown to' if args.unknown_noise else 'known by'} the samplers), "
         f"seeds {args.seeds}; sampler: {sampler_path}"
     )
@@ -146,7 +145,7 @@ def _toy_comparison(
                     n_steps=args.n_steps,
                     kl_at=kl_at,
                     seed=seed,
-                    grad_noise_std=GRAD_NOISE_STD,
+                    grad_noise_std=TEST_GRAD_NOISE_STD,
                     progress=sys.stderr.isatty(),
                 )
             )

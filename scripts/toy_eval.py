@@ -39,10 +39,6 @@ def trained_with_normalised_energy(path: Path) -> bool:
     return bool(OmegaConf.select(config, "task.energy_log_normaliser", default=False))
 
 
-#: The test's gradient noise (SPEC §5: ``N(0, 1)`` added to every gradient coordinate).
-TEST_GRAD_NOISE_STD = 1.0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -63,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     import metasampler as ms
-    from metasampler.benchmark import gaussian_benchmark
+    from metasampler.benchmark.gaussian import TEST_GRAD_NOISE_STD, gaussian_benchmark
     from metasampler.targets import NonFiniteError
     from tasks.toy import paper_test_gaussian
 

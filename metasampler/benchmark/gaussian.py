@@ -18,6 +18,9 @@ from ..sampling import sample
 
 __all__ = ["gaussian_benchmark"]
 
+#: The gradient noise of the paper's toy test (SPEC §5): ``N(0, 1)`` added to every coordinate.
+TEST_GRAD_NOISE_STD = 1.0
+
 
 def gaussian_benchmark(
     sampler: Sampler,
@@ -26,7 +29,7 @@ def gaussian_benchmark(
     n_chains: int = 50,
     n_steps: int = 12_000,
     kl_at: Sequence[int] = (1000, 12_000),
-    grad_noise_std: float = 1.0,
+    grad_noise_std: float = TEST_GRAD_NOISE_STD,
     init_low: float = 0.0,
     init_high: float = 6.0,
     seed: int = 0,

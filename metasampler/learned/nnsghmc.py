@@ -38,6 +38,10 @@ in meta-training and evaluation::
                   + N(0, 2 eta T D_f(z_t))
     theta_{t+1} = theta_t + eta Q_f(z~_t) p_{t+1} + eta T Gamma_theta(z~_t)
 
+Not in the SPEC: with a known gradient-noise variance ``V`` (``grad_noise_var``, default 0)
+the injected noise is ``N(0, 2 eta T D_f - eta^2 Q_f^2 V)``, because ``- eta Q_f grad Ũ``
+already carries ``eta^2 Q_f^2 V`` (SGHMC's ``B_hat``; docs/METHOD.md §3).
+
 ``gamma`` chooses how the derivatives are obtained:
 
 * ``"exact"`` — the nets' own forward-mode chain rule (no Hessian of ``U``), differentiable;
