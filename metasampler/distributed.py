@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -170,11 +171,25 @@ def init_from_config(cfg: Any) -> torch.device:
     return init_from_env(backend, cfg.device, cfg.distributed.timeout_s)
 
 
+# How long :func:`shutdown` releases the GIL before and after destroying the group.
+GLOO_DRAIN_S = 0.05
+
+
 def shutdown() -> None:
-    """Destroy the process group if one is up (safe to call twice)."""
+    """Destroy the process group if one is up (safe to call twice; registered at exit).
+
+    A gloo worker thread frees the tensors of the collective it has just finished, and with
+    torch 2.13 that takes the GIL (a tensor's Python object is released with it). If the
+    interpreter is already finalising, the thread cannot get it and the process aborts
+    ("terminate called without an active exception"; seen in core dumps of ranks that had
+    just finished an all-gather). Sleeping releases the GIL, so any such thread finishes
+    while the interpreter is alive.
+    """
     dist = _dist()
     if dist is not None:
+        time.sleep(GLOO_DRAIN_S)
         dist.destroy_process_group()
+        time.sleep(GLOO_DRAIN_S)  # the group can outlive destroy (held elsewhere) with work pending
 
 
 def comm_device() -> torch.device:

@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from experiments.run_config import load_config
+from metasampler import distributed
 from metasampler.benchmark import (
     EvalSet,
     RunningAverage,
@@ -297,7 +298,7 @@ def _rank_main(rank: int, port: int, tmp: str) -> None:
     try:
         results = _scenarios(rank, Path(tmp))
     finally:
-        dist.destroy_process_group()
+        distributed.shutdown()  # destroys the group, draining gloo's worker threads first
     torch.save(results, Path(tmp) / f"rank{rank}.pt")
 
 
@@ -495,8 +496,6 @@ def test_a_diverging_rank_ends_the_sharded_evaluation_on_every_rank(ranks):
 
 def test_world_size_one_under_torchrun_variables_changes_nothing(monkeypatch):
     """``init_from_env`` without torchrun's variables is a no-op returning the device."""
-    from metasampler import distributed
-
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     assert not distributed.launched_by_torchrun()
