@@ -38,6 +38,7 @@ from metasampler.config import (
 )
 from tasks.config import MusicDataset, TaskConfig, TaskKind
 from tasks.gaussian import check_spectrum
+from tasks.registry import check_train_activations
 
 __all__ = [
     "Backend",
@@ -221,6 +222,10 @@ def _validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} must be one of {', '.join(_COVARIANCES)}, got {get(key)!r}")
     for section in ("task", "eval.task"):
         _check_spectrum(section, get(f"{section}.eig_range"), get(f"{section}.eig_spacing"))
+    try:
+        check_train_activations(cfg.task.kind, cfg.task.train_activations)
+    except ValueError as err:
+        raise ConfigError(f"task.train_activations: {err}") from None
     if cfg.train.eval_every > 0:
         # Checked here, not at the first evaluation (which would stop a training run).
         outside = [t for t in cfg.eval.kl_at if not 1 <= t <= cfg.eval.n_steps]

@@ -57,6 +57,10 @@ class TaskConfig:
     # Bayesian neural networks (mnist_mlp, fmnist_cnn, chorale_gru)
     hidden: list[int] = field(default_factory=lambda: [20])
     activation: Activation = Activation.relu
+    # Meta-training only: epoch e trains on the network with hidden activation
+    # train_activations[e mod n] (same data and layers), so that the sampler sees more than
+    # one architecture; null: task.activation alone. Evaluation ignores it.
+    train_activations: list[Activation] | None = None
     channels: int = 8
     batch_size: int = 500
     prior_std: float = 1.0

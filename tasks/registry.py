@@ -7,6 +7,10 @@ KL/moments. Toy Gaussians are built here, Bayesian networks by :mod:`tasks.bnn`.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -15,7 +19,7 @@ from .config import TaskConfig, TaskKind
 from .gaussian import GaussianTask, gaussian, paper_test_gaussian, paper_train_gaussian
 from .problem import Problem
 
-__all__ = ["Problem", "build_problem", "ProblemFamily"]
+__all__ = ["Problem", "ProblemFamily", "build_problem", "check_train_activations"]
 
 
 def _uniform_init(dim: int, low: float, high: float, dtype: torch.dtype, device):
@@ -67,8 +71,10 @@ def build_problem(
 
 
 class ProblemFamily:
-    """The training problems of a run: one fixed problem, or a new random one per epoch
-    (``random_gaussians``: a fresh seeded Gaussian drawn with the run's generator)."""
+    """The training problems of a run: one fixed problem, a new random one per epoch
+    (``random_gaussians``: a fresh seeded Gaussian drawn with the run's generator), or, with
+    ``task.train_activations``, the same network with each listed hidden activation in turn
+    (epoch ``e`` gets ``train_activations[e mod n]``)."""
 
     def __init__(
         self,
@@ -80,10 +86,48 @@ class ProblemFamily:
         self.device = device
         self.dtype = dtype
         self.random = TaskKind(cfg.kind) == TaskKind.random_gaussians
-        self._fixed = None if self.random else build_problem(cfg, device=device, dtype=dtype)
+        self._cycle = [
+            build_problem(variant, device=device, dtype=dtype)
+            for variant in _activation_variants(cfg)
+        ]
 
     def __call__(self, epoch: int, generator: torch.Generator) -> Problem:
-        if self._fixed is not None:
-            return self._fixed
+        if self._cycle:
+            return self._cycle[epoch % len(self._cycle)]
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         return build_problem(self.cfg, seed=seed, device=self.device, dtype=self.dtype)
+
+
+def check_train_activations(kind: TaskKind | str, activations: Sequence[Any] | None) -> None:
+    """``ValueError`` unless ``activations`` is ``None`` or a non-empty list for a task kind
+    with a hidden activation (``mnist_mlp``, ``fmnist_cnn``)."""
+    if activations is None:
+        return
+    if TaskKind(kind) not in (TaskKind.mnist_mlp, TaskKind.fmnist_cnn):
+        raise ValueError(
+            f"it varies a network's hidden activation; task kind {TaskKind(kind).value} has "
+            "none (use null)"
+        )
+    if len(activations) == 0:
+        raise ValueError("it is empty: list at least one activation, or use null")
+
+
+def _activation_variants(cfg: TaskConfig) -> list[TaskConfig]:
+    """The configs a non-random family cycles through: ``cfg`` itself, or one copy per entry
+    of ``cfg.train_activations`` (BNN kinds only); ``[]`` for ``random_gaussians``."""
+    activations = getattr(cfg, "train_activations", None)
+    if activations is None:
+        return [] if TaskKind(cfg.kind) == TaskKind.random_gaussians else [cfg]
+    check_train_activations(cfg.kind, activations)
+    return [_with_activation(cfg, activation) for activation in activations]
+
+
+def _with_activation(cfg: TaskConfig, activation: Any) -> TaskConfig:
+    """A copy of ``cfg`` (a :class:`TaskConfig` or the run config's read-only section) with
+    this hidden activation and no ``train_activations``."""
+    change = {"activation": activation, "train_activations": None}
+    if dataclasses.is_dataclass(cfg):
+        return dataclasses.replace(cfg, **change)
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(cfg, change)

