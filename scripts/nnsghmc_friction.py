@@ -9,8 +9,9 @@ the step ``eta_k``; the mean of ``Q_f`` and the fraction of coordinates whose ``
 its clamp; the friction per step ``eta_k * D_f`` (mean and 90th percentile) split into the
 ``alpha Q_f^2`` part and the ``s_D f_phiD + c`` part; the nets' per-coordinate inputs (median
 and RMS of the standardised gradient ``g_hat``, RMS of the standardised momentum ``p_hat``, at
-the last step's gradient); and the test error of the ensemble of the current chains (error and
-NLL). ``--alpha-per-step`` and ``--d-scale`` change the friction for
+the last step's gradient); for a curl with the stiffness input, the 10th, 50th and 90th
+percentiles of ``s_i = log(eta sqrt(V_i))``; and the test error and NLL of the ensemble of the
+current chains. ``--alpha-per-step`` and ``--d-scale`` change the friction for
 an ablation. SGHMC's friction per step in the benchmark is ``momentum_decay`` (0.01): a
 sampler whose per-step friction is far above it moves like an over-damped (slow) SGHMC.
 """
@@ -84,9 +85,9 @@ def print_header(args, problem, sampler, eta, warmup, eta_warmup, note) -> None:
     print(
         "| step | eta_k | mean Q_f | Q clamped | eta D_f mean | eta D_f p90 | "
         "eta alpha Q^2 | eta (s_D f_D + c) | median abs g_hat | RMS g_hat | RMS p_hat | "
-        "ensemble test err % | ensemble test NLL |"
+        "stiffness s p10 / p50 / p90 | ensemble test err % | ensemble test NLL |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def ensemble_test_metrics(target, theta, x_test, y_test) -> tuple[float, float]:
@@ -126,13 +127,20 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
     v = sampler._scalars(target, eta_k, sampler.temperature)
     g_hat, p_hat = state.grad.double() * v["g_scale"], state.momentum.double() * v["inv_sp"]
     err, nll = ensemble_test_metrics(target, state.theta, x_test, y_test)
+    stiffness = "–"
+    if state.extras.get("grad_sq") is not None:
+        from metasampler.learned.stiffness import stiffness_input
+
+        s = stiffness_input(state.extras["grad_sq"], eta_k).flatten().double()
+        p10, p50, p90 = (float(x) for x in s.quantile(torch.tensor([0.1, 0.5, 0.9]).double()))
+        stiffness = f"{p10:.2f} / {p50:.2f} / {p90:.2f}"
     return (
         f"| {state.step} | {eta_k:.4g} | {float(q.mean()):.3f} | {float(clamped):.1%} | "
         f"{float(per_step.mean()):.4f} | {float(per_step.flatten().quantile(0.9)):.4f} | "
         f"{float((eta_k * curl_part).mean()):.4f} | "
         f"{float((eta_k * (d - curl_part)).mean()):.4f} | {float(g_hat.abs().median()):.2f} | "
         f"{float(g_hat.pow(2).mean().sqrt()):.2f} | {float(p_hat.pow(2).mean().sqrt()):.3f} | "
-        f"{100 * err:.2f} | {nll:.4f} |"
+        f"{stiffness} | {100 * err:.2f} | {nll:.4f} |"
     )
 
 
