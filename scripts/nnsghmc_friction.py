@@ -5,8 +5,9 @@
 
 Runs the sampler under the config's protocol (warm-up phase, ``alpha_per_step``) at the per-batch
 learning rate ``--lr`` and prints, every ``--every`` steps, over all chains and coordinates:
-the step ``eta_k``; the mean of ``Q_f`` and the fraction of coordinates whose ``f_phiQ`` sits at
-its clamp; the friction per step ``eta_k * D_f`` (mean and 90th percentile) split into the
+the step ``eta_k``; the mean of ``Q_f`` (and its 10th and 90th percentiles) and the fraction
+of coordinates whose ``f_phiQ`` sits at its clamp; the friction per step ``eta_k * D_f`` (mean
+and 90th percentile) split into the
 ``alpha Q_f^2`` part and the ``s_D f_phiD + c`` part; the nets' per-coordinate inputs (median
 and RMS of the standardised gradient ``g_hat``, RMS of the standardised momentum ``p_hat``, at
 the last step's gradient); for a curl with the stiffness input, the 10th, 50th and 90th
@@ -83,7 +84,7 @@ def print_header(args, problem, sampler, eta, warmup, eta_warmup, note) -> None:
         f"{sampler.beta_off:g}; s_D {sampler.d_output_scale:g}; {args.n_chains} chains"
     )
     print(
-        "| step | eta_k | mean Q_f | Q clamped | eta D_f mean | eta D_f p90 | "
+        "| step | eta_k | Q_f mean (p10 / p90) | Q clamped | eta D_f mean | eta D_f p90 | "
         "eta alpha Q^2 | eta (s_D f_D + c) | median abs g_hat | RMS g_hat | RMS p_hat | "
         "stiffness s p10 / p50 / p90 | ensemble test err % | ensemble test NLL |"
     )
@@ -119,6 +120,7 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
             state.theta, state.momentum, target, eta=eta_k, grad_sq=state.extras.get("grad_sq")
         )
     q, d = terms.q.double(), terms.d.double()
+    q_p10, q_p90 = (float(x) for x in q.flatten().quantile(torch.tensor([0.1, 0.9]).double()))
     clamped = ((q - sampler.beta_off).abs() >= sampler.q_clamp - 1e-6).double().mean()
     units = getattr(sampler, "friction_units", "absolute")
     # the alpha Q_f^2 share of D_f (before any d_clamp): divided by eta in per-step units
@@ -135,7 +137,8 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
         p10, p50, p90 = (float(x) for x in s.quantile(torch.tensor([0.1, 0.5, 0.9]).double()))
         stiffness = f"{p10:.2f} / {p50:.2f} / {p90:.2f}"
     return (
-        f"| {state.step} | {eta_k:.4g} | {float(q.mean()):.3f} | {float(clamped):.1%} | "
+        f"| {state.step} | {eta_k:.4g} | {float(q.mean()):.3f} ({q_p10:.3f} / {q_p90:.3f}) | "
+        f"{float(clamped):.1%} | "
         f"{float(per_step.mean()):.4f} | {float(per_step.flatten().quantile(0.9)):.4f} | "
         f"{float((eta_k * curl_part).mean()):.4f} | "
         f"{float((eta_k * (d - curl_part)).mean()):.4f} | {float(g_hat.abs().median()):.2f} | "
