@@ -74,7 +74,8 @@ class ProblemFamily:
     """The training problems of a run: one fixed problem, a new random one per epoch
     (``random_gaussians``: a fresh seeded Gaussian drawn with the run's generator), or, with
     ``task.train_activations``, the same network with each listed hidden activation in turn
-    (epoch ``e`` gets ``train_activations[e mod n]``)."""
+    (epoch ``e`` gets ``train_activations[e mod n]``; only the current one is held, so the data
+    are in memory once, and a change of activation rebuilds the problem, deterministically)."""
 
     def __init__(
         self,
@@ -86,14 +87,21 @@ class ProblemFamily:
         self.device = device
         self.dtype = dtype
         self.random = TaskKind(cfg.kind) == TaskKind.random_gaussians
-        self._cycle = [
-            build_problem(variant, device=device, dtype=dtype)
-            for variant in _activation_variants(cfg)
-        ]
+        self._cycle = _activation_variants(cfg)
+        self._held: tuple[int, Problem] | None = None  # (index in the cycle, its problem)
+        if self._cycle:  # build now: a bad task config fails before training starts
+            self._problem_of(0)
+
+    def _problem_of(self, index: int) -> Problem:
+        if self._held is None or self._held[0] != index:
+            self._held = None  # free the previous network and data first
+            variant = self._cycle[index]
+            self._held = (index, build_problem(variant, device=self.device, dtype=self.dtype))
+        return self._held[1]
 
     def __call__(self, epoch: int, generator: torch.Generator) -> Problem:
         if self._cycle:
-            return self._cycle[epoch % len(self._cycle)]
+            return self._problem_of(epoch % len(self._cycle))
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         return build_problem(self.cfg, seed=seed, device=self.device, dtype=self.dtype)
 

@@ -379,7 +379,8 @@ def test_train_activations_cycle_the_network_per_epoch():
     problems = [family(epoch, torch.Generator()) for epoch in range(4)]
     assert ["relu" in p.name for p in problems] == [True, False, True, False]
     assert ["tanh" in p.name for p in problems] == [False, True, False, True]
-    assert problems[0] is problems[2] and problems[1] is problems[3]
+    assert problems[0].name == problems[2].name and problems[1].name == problems[3].name
+    assert family(4, torch.Generator()) is family(6, torch.Generator())  # held, not rebuilt
     relu, tanh = problems[:2]
     assert relu.target.dim == tanh.target.dim
     assert torch.equal(relu.data.x_train, tanh.data.x_train)
@@ -461,3 +462,44 @@ def test_train_meta_runs_end_to_end_on_mnist_mlp(tmp_path):
     sampler = ms.load_sampler(run_dir / "sampler.safetensors")
     assert int(sampler.train_dim) == 15910 and sampler.lr == pytest.approx(0.007)
     assert float(sampler.grad_std) == pytest.approx(stats["grad_std"], rel=1e-3)
+
+
+@pytest.mark.slow
+@needs_mlxtend
+def test_train_meta_across_activations_resumes_bit_exactly(tmp_path):
+    """``task.train_activations`` through ``train_meta.py``: two epochs (ReLU, then tanh) in
+    one run give the same sampler as one epoch and a ``--resume`` for the second."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    root = Path(__file__).resolve().parents[2]
+    tiny = [
+        "task.train_activations=[relu,tanh]",
+        "train.sub_epochs=1",
+        "train.steps_per_sub_epoch=6",
+        "train.unroll=3",
+        "train.n_chains=4",
+        "train.in_chain_chains=4",
+        "train.compile_steps=false",
+        "sampler.calibrate_steps=3",
+        "threads=1",
+        "progress=false",
+    ]
+
+    def train(run_dir: Path, *extra: str) -> None:
+        command = [sys.executable, str(root / "train_meta.py"), "--config"]
+        command += [str(root / "configs" / "mnist_mlp_transfer.yaml"), "--run-dir", str(run_dir)]
+        proc = subprocess.run(
+            [*command, *tiny, *extra], capture_output=True, text=True, timeout=300, cwd=root
+        )
+        assert proc.returncode == 0, proc.stderr
+
+    train(tmp_path / "straight", "train.epochs=2")
+    train(tmp_path / "resumed", "train.epochs=1")
+    train(tmp_path / "resumed", "train.epochs=2", "--resume")
+    straight = load_file(tmp_path / "straight" / "sampler.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "sampler.safetensors")
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
