@@ -225,7 +225,7 @@ def _validate(cfg: DictConfig) -> None:
     try:
         check_train_activations(cfg.task.kind, cfg.task.train_activations)
     except ValueError as err:
-        raise ConfigError(f"task.train_activations: {err}") from None
+        raise ConfigError(str(err)) from None
     if cfg.train.eval_every > 0:
         # Checked here, not at the first evaluation (which would stop a training run).
         outside = [t for t in cfg.eval.kl_at if not 1 <= t <= cfg.eval.n_steps]

@@ -113,11 +113,11 @@ def check_train_activations(kind: TaskKind | str, activations: Sequence[Any] | N
         return
     if TaskKind(kind) not in (TaskKind.mnist_mlp, TaskKind.fmnist_cnn):
         raise ValueError(
-            f"it varies a network's hidden activation; task kind {TaskKind(kind).value} has "
-            "none (use null)"
+            f"task.train_activations varies a network's hidden activation; task kind "
+            f"{TaskKind(kind).value} has none (use null)"
         )
     if len(activations) == 0:
-        raise ValueError("it is empty: list at least one activation, or use null")
+        raise ValueError("task.train_activations is empty: list at least one, or use null")
 
 
 def _activation_variants(cfg: TaskConfig) -> list[TaskConfig]:
