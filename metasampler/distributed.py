@@ -172,7 +172,7 @@ def init_from_config(cfg: Any) -> torch.device:
 
 
 # How long :func:`shutdown` releases the GIL before and after destroying the group.
-GLOO_DRAIN_S = 0.05
+GLOO_DRAIN_S = 0.25
 
 
 def shutdown() -> None:
