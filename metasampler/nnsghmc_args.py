@@ -236,6 +236,24 @@ class NNSGHMCArgs:
         "an exponential average with this decay (used with ``q_stiffness_input``).",
         check="fraction", since=5,
     )  # fmt: skip
+    precondition_power: float = _arg(
+        0.0,
+        "``gamma_P``: multiply the curl by the per-coordinate preconditioner ``P_i = "
+        "exp(clamp(-gamma_P (s_i - median_j s_j), -precondition_range, precondition_range))`` "
+        "(``s_i = log(eta sqrt(V_i))`` as for ``q_stiffness_input``), so a coordinate whose "
+        "RMS gradient is ``k`` times the median's moves ``k^-gamma_P`` as fast: ``0.5`` is "
+        "pSGLD's rescaling in the high-friction limit, ``1`` gives every coordinate of a "
+        "Gaussian the same frequency. ``0``: none. ``P`` is a constant of ``z`` (earlier "
+        "gradients only), so Gamma has no term for it; the nets learn what is left. Needs "
+        "``gamma='exact'`` (not in the SPEC; #11).",
+        check="non_negative", since=6,
+    )  # fmt: skip
+    precondition_range: float = _arg(
+        5.0,
+        "``|log P_i|`` is at most this (``e^5 ~ 150`` either way), so a coordinate with no "
+        "gradient (a dead unit) is not moved without limit.",
+        check="positive", since=6,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -59,7 +59,7 @@ def _exact(task: GaussianTask, n: int, seed: int) -> torch.Tensor:
 def _equilibrium_grad_sq(sampler: ms.NNSGHMC, task: GaussianTask) -> dict:
     """``grad_sq=`` for a sampler with the stiffness input: ``E[(d_i Ũ)^2]`` at equilibrium,
     the precision's diagonal plus the gradient noise's variance (1); else nothing."""
-    if not getattr(sampler, "q_stiffness_input", False):
+    if not getattr(sampler, "uses_stiffness", False):
         return {}
     return {"grad_sq": torch.linalg.inv(task.cov).diagonal() + 1.0}
 

@@ -24,7 +24,8 @@ _FD_MIN_STEP = 1e-4
 #: Names of the scalars of :func:`nnsghmc_update` (floats, or 0-d tensors when compiled).
 SCALARS = (
     "eta", "temperature", "inv_sp", "g_scale", "du_scale", "prior_w", "alpha", "c", "s_d",
-    "q_clamp", "beta_off", "d_clamp", "grad_noise_var",
+    "q_clamp", "beta_off", "d_clamp", "grad_noise_var", "precond_power", "precond_ref",
+    "precond_range",
 )  # fmt: skip
 
 
@@ -41,6 +42,7 @@ class StepConfig:
     q_momentum: bool = True  # f_phiQ takes p_hat (else Q_f = f_phiQ(U): no Gamma_theta)
     q_stiffness: bool = False  # f_phiQ also takes the per-coordinate stiffness (constant in z)
     noise_correction: bool = False  # grad_noise_var > 0: subtract the gradient noise's heating
+    precondition: bool = False  # the curl is scaled by P(stiffness) (precondition_power > 0)
 
 
 # -- the NNSGHMC equations, written once ------------------------------------------------------
@@ -68,7 +70,8 @@ def _curl(
     learned a bias in the toy transfer's stiff directions (docs/RESULTS.md, #11); Gamma stays
     exact, its ``dQ_f/dp`` terms being zero. ``cfg.q_stiffness`` adds the stiffness ``s``
     (``q_stiffness_input``), built from earlier steps only: a constant of ``z``, so no term of
-    Gamma differentiates it."""
+    Gamma differentiates it. ``cfg.precondition`` multiplies ``Q_f`` and its derivatives by
+    the preconditioner ``P(s)``, also a constant of ``z``."""
     inputs = [u, p_hat] if cfg.q_momentum else [u]
     n_differentiable = len(inputs)
     if cfg.q_stiffness:
@@ -78,7 +81,17 @@ def _curl(
     inside = raw.abs() < v["q_clamp"]
     q = raw.clamp(-v["q_clamp"], v["q_clamp"]) + v["beta_off"]
     grads = [torch.where(inside, g, 0.0).expand_as(p_hat) for g in grads]
+    if cfg.precondition:
+        scale = _preconditioner(stiffness, v)
+        q, grads = q * scale, [g * scale for g in grads]
     return q.expand_as(p_hat), grads + [None] * (len(wrt) - len(present))
+
+
+def _preconditioner(stiffness: Tensor, v) -> Tensor:
+    """``P = exp(clamp(-gamma_P (s - s_ref), -range, range))``, ``s_ref`` the median stiffness
+    (``precondition_power``; :mod:`metasampler.learned.stiffness`)."""
+    log_p = (stiffness - v["precond_ref"]) * -v["precond_power"]
+    return log_p.clamp(-v["precond_range"], v["precond_range"]).exp()
 
 
 def nnsghmc_coefficients(

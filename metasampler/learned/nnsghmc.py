@@ -27,7 +27,10 @@ Net inputs (004 appendix E): ``u = s_U * (U_pd - mu_U) / sigma_U`` with the per-
 (#11): ``f_phiQ`` without ``p_i`` (``q_momentum_input=False``), and with the stiffness
 ``s_i = log(eta sqrt(V_i))``, ``V_i`` a running mean of the chain's earlier ``(d_i Ũ)^2``
 (``q_stiffness_input``; :mod:`metasampler.learned.stiffness`): a constant of ``z`` within a
-step, so Gamma has no term for it.
+step, so Gamma has no term for it. The same statistic can precondition the curl
+(``precondition_power`` ``gamma_P > 0``): ``Q_f,i`` above is multiplied by
+``P_i = exp(clamp(-gamma_P (s_i - median s), -L, L))`` (``s`` from ``V`` averaged over the
+chains), so every derivative of ``Q_f`` in Gamma is multiplied by ``P_i`` too.
 Every transformation enters the chain rule, e.g.
 ``d Q_f,i / d theta_i = (d f_phiQ / d u) * s_U / (sigma_U N) * (d_i Ũ - (1 - r) d_i prior)``.
 
@@ -92,7 +95,7 @@ from .calibration import calibrate_inputs
 from .equations import StepArgs, StepConfig, nnsghmc_coefficients
 from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
-from .stiffness import stiffness_input, update_grad_sq
+from .stiffness import preconditioner_reference, stiffness_input, update_grad_sq
 
 __all__ = [
     "NNSGHMC",
@@ -181,11 +184,12 @@ class NNSGHMC(nn.Module, Sampler):
                 "the posterior. Use it only as a diagnostic.",
                 stacklevel=2,
             )
-        if args.q_stiffness_input and args.gamma == "finite_difference":
-            raise ValueError(
-                "q_stiffness_input needs gamma='exact' (or 'none'): the finite-difference "
-                "secant in U would also see the stiffness input change between steps"
-            )
+        for name in ("q_stiffness_input", "precondition_power"):
+            if getattr(args, name) and args.gamma == "finite_difference":
+                raise ValueError(
+                    f"{name} needs gamma='exact' (or 'none'): the finite-difference secant "
+                    "in U would also see the stiffness change between steps"
+                )
         # (U, p_i) or U alone, and the stiffness s_i
         q_inputs = 1 + args.q_momentum_input + args.q_stiffness_input
         self.q_momentum_input = args.q_momentum_input
@@ -281,6 +285,9 @@ class NNSGHMC(nn.Module, Sampler):
             "beta_off": self.beta_off,
             "d_clamp": math.inf if self.d_clamp is None else self.d_clamp,
             "grad_noise_var": self.grad_noise_var,
+            "precond_power": self.precondition_power,
+            "precond_ref": 0.0,  # the median stiffness of the step (`_with_stiffness`)
+            "precond_range": self.precondition_range,
         }
 
     def _config(self, gamma: str, detach: bool) -> StepConfig:
@@ -294,6 +301,7 @@ class NNSGHMC(nn.Module, Sampler):
             q_momentum=self.q_momentum_input,
             q_stiffness=self.q_stiffness_input,
             noise_correction=self.grad_noise_var > 0,
+            precondition=self.precondition_power > 0,
         )
 
     def _nets(self, dtype: torch.dtype | None = None) -> tuple[NetParams, NetParams]:
@@ -315,20 +323,39 @@ class NNSGHMC(nn.Module, Sampler):
         eta = eta if eta is not None else (self.eta if self.eta is not None else 1.0)
         v = self._scalars(_UnitTarget, eta, self.temperature)
         cfg = self._config("none", detach=False)  # no Gamma: its gradient input `du` is unused
-        stiffness = self._stiffness_given(stiffness, p_hat)
+        stiffness = self._stiffness_given(stiffness, p_hat, v)
         nets = self._nets(p_hat.dtype)
         q, d, _, _ = nnsghmc_coefficients(u, p_hat, g_hat, g_hat, *nets, v, cfg, None, stiffness)
         return q, d
 
-    def _stiffness_given(self, stiffness: Tensor | None, like: Tensor) -> Tensor | None:
-        """``stiffness`` at the shape of ``like``; a clear error when it is needed but missing."""
-        if not self.q_stiffness_input:
+    @property
+    def uses_stiffness(self) -> bool:
+        """Whether the curl needs the stiffness (its input or its preconditioner), so that a
+        chain carries the running mean ``V`` of its squared gradients."""
+        return self.q_stiffness_input or self.precondition_power > 0
+
+    def _stiffness_of(self, grad_sq: Tensor, eta: float) -> Tensor:
+        """The stiffness from the chains' running means ``V`` of ``grad^2``; with the
+        preconditioner, of their mean over the chains (they share the target): one chain's
+        ``V`` over its first steps is a mean of a few ``chi^2_1`` draws, often far below its
+        expectation, and would speed its coordinate up by ``e^precondition_range``."""
+        if self.precondition_power > 0:
+            grad_sq = grad_sq.mean(0, keepdim=True)
+        return stiffness_input(grad_sq, eta)
+
+    def _stiffness_given(self, stiffness: Tensor | None, like: Tensor, v: dict) -> Tensor | None:
+        """``stiffness`` at the shape of ``like``, with its median in ``v`` for the
+        preconditioner; a clear error when it is needed but missing."""
+        if not self.uses_stiffness:
             return None
         if stiffness is None:
             raise ValueError(
-                "this sampler's curl takes the stiffness input (q_stiffness_input=True): pass "
-                "stiffness= (metasampler.learned.stiffness.stiffness_input) or grad_sq="
+                "this sampler's curl uses the stiffness (q_stiffness_input or "
+                "precondition_power): pass stiffness= "
+                "(metasampler.learned.stiffness.stiffness_input) or grad_sq="
             )
+        if self.precondition_power > 0:
+            v["precond_ref"] = preconditioner_reference(stiffness)
         return stiffness.expand_as(like)
 
     def drift_terms(
@@ -353,11 +380,11 @@ class NNSGHMC(nn.Module, Sampler):
         u, prior_grad = self._energy_input(ev, target)
         v = self._scalars(target, eta, self.temperature)
         du = ev.grad if prior_grad is None else ev.grad - v["prior_w"] * prior_grad
-        stiffness = None if grad_sq is None else stiffness_input(grad_sq, eta)
+        stiffness = None if grad_sq is None else self._stiffness_of(grad_sq, eta)
+        stiffness = self._stiffness_given(stiffness, momentum, v)
         q, d, gamma_p, dq_dph = nnsghmc_coefficients(
             u, momentum * v["inv_sp"], ev.grad * v["g_scale"], du * v["du_scale"],
-            *self._nets(momentum.dtype), v, self._config("exact", detach=False), None,
-            self._stiffness_given(stiffness, momentum),
+            *self._nets(momentum.dtype), v, self._config("exact", detach=False), None, stiffness,
         )  # fmt: skip
         gamma_theta = torch.zeros_like(q) if dq_dph is None else -dq_dph * v["inv_sp"]
         return DriftTerms(q, d, gamma_theta, gamma_p)
@@ -388,14 +415,16 @@ class NNSGHMC(nn.Module, Sampler):
             cache = (extras["u"], extras["q_tilde"], extras["p_hat"], extras["dq_dph"])
         noise = gaussian_like(p, generator) if temperature > 0 else None
         grad_sq, stiffness = None, None
-        if self.q_stiffness_input:
+        v = self._scalars(target, eta, temperature)
+        if self.uses_stiffness:
             grad_sq = update_grad_sq(extras.get("grad_sq"), ev.grad, k, self.stiffness_decay)
             # V of the earlier steps; the first step has none and uses its own gradient.
-            stiffness = stiffness_input(extras.get("grad_sq", grad_sq), eta)
+            stiffness = self._stiffness_given(
+                self._stiffness_of(extras.get("grad_sq", grad_sq), eta), p, v
+            )
         args = StepArgs(
-            state.theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype),
-            self._scalars(target, eta, temperature), self._config(gamma, self.detach_inputs),
-            stiffness,
+            state.theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype), v,
+            self._config(gamma, self.detach_inputs), stiffness,
         )  # fmt: skip
         new_theta, new_p, check, new_cache = run_step(args, self)
         if not bool(torch.isfinite(check)):

@@ -377,6 +377,11 @@ CURL_INPUTS = {
     "energy": dict(q_momentum_input=False),
     "stiffness": dict(q_momentum_input=False, q_stiffness_input=True),
     "momentum+stiffness": dict(q_momentum_input=True, q_stiffness_input=True),
+    # the stiffness as the curl's preconditioner, with and without it as an input
+    "preconditioned": dict(q_momentum_input=True, precondition_power=0.7),
+    "stiffness+preconditioned": dict(
+        q_momentum_input=False, q_stiffness_input=True, precondition_power=1.0
+    ),
     # not a curl input: the cheap hidden activation (#12), through the same paths
     "momentum+softsign": dict(q_momentum_input=True, activation="softsign"),
 }
@@ -387,8 +392,12 @@ CURL_INPUTS = {
 @pytest.mark.parametrize(
     ("gamma", "curl"),
     [("exact", curl) for curl in CURL_INPUTS]
-    + [("finite_difference", curl) for curl in CURL_INPUTS if "stiffness" not in curl],
-)  # (the stiffness input needs exact Gamma)
+    + [
+        ("finite_difference", curl)
+        for curl in CURL_INPUTS
+        if "stiffness" not in curl and "preconditioned" not in curl
+    ],
+)  # (the stiffness, as an input or a preconditioner, needs exact Gamma)
 def test_plain_blocked_and_recomputed_steps_agree(hidden, gamma, temperature, curl, monkeypatch):
     from metasampler.learned import fast
 
@@ -453,7 +462,7 @@ def test_recomputing_backward_equals_autograd_and_finite_differences(gamma, deta
 @pytest.mark.parametrize(
     ("gamma", "curl"),
     [("exact", "momentum"), ("finite_difference", "momentum"), ("finite_difference", "energy"),
-     ("exact", "stiffness")],
+     ("exact", "stiffness"), ("exact", "preconditioned")],
 )  # fmt: skip
 def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, curl):
     # torch.compile with autograd (meta-training's train.compile_steps) is a transformation
@@ -515,6 +524,7 @@ def test_compiled_training_configurations_do_not_share_a_recompile_budget(monkey
         ((4,), "finite_difference", "energy"),
         ((4,), "exact", "stiffness"),
         ((4,), "exact", "momentum+softsign"),
+        ((4,), "exact", "stiffness+preconditioned"),
     ],
 )
 def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, curl, tmp_path, monkeypatch):

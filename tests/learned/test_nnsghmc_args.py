@@ -26,7 +26,7 @@ NON_DEFAULT = dict(
     grad_input_scale=70.0, gamma="none", momentum_init="zeros",
     detach_inputs=False, d_clamp=5.0, grad_input="per_datum", friction_units="per_step",
     energy_input="per_coordinate", q_momentum_input=False, q_stiffness_input=True,
-    stiffness_decay=0.9,
+    stiffness_decay=0.9, precondition_power=0.5, precondition_range=3.0,
 )  # fmt: skip
 
 

@@ -73,15 +73,80 @@ def test_stationarity_with_a_stiffness_input_and_bias_without_gamma():
     assert errors["none"] > 2 * errors["exact"], errors
 
 
-def test_a_saved_stiffness_sampler_loads_and_samples_the_same(tmp_path):
+def one_stiff_two_broad() -> GaussianCase:
+    """A diagonal Gaussian with standard deviations 0.1, 1, 1: the median coordinate is broad."""
+    cov = torch.diag(torch.tensor([0.01, 1.0, 1.0]))
+    return GaussianCase(torch.zeros(3, dtype=torch.float64), cov, torch.linalg.inv(cov))
+
+
+def constant_curl(**kwargs) -> NNSGHMC:
+    """``Q_f = 1`` before preconditioning, constant friction: SGHMC with friction 1."""
+    sampler = NNSGHMC(
+        q_hidden=(4,), d_hidden=(4,), q_momentum_input=False, beta_off=1.0, c=1.0,
+        d_output_scale=0.0, seed=0, compile=False, **kwargs,
+    )  # fmt: skip
+    with torch.no_grad():
+        sampler.f_q.head.weight.zero_()
+        sampler.f_q.head.bias.zero_()
+    return sampler
+
+
+@pytest.mark.parametrize(("power", "limit"), [(0.5, 5.0), (1.0, 5.0), (1.0, 1.0)])
+def test_preconditioner_divides_the_curl_by_the_rms_gradient_ratio(power, limit):
+    # V at equilibrium is the precision's diagonal (100, 1, 1): the stiff coordinate's RMS
+    # gradient is 10 times the median's, so its curl is 10^-power (at most e^limit smaller).
+    case = one_stiff_two_broad()
+    sampler = constant_curl(eta=0.05, precondition_power=power, precondition_range=limit)
+    theta = torch.zeros(4, 3)
+    grad_sq = case.cov.diagonal().reciprocal().float().expand(4, 3)
+    q = sampler.drift_terms(theta, theta, case.target(), grad_sq=grad_sq).q
+    stiff = max(10.0**-power, math.exp(-limit))
+    torch.testing.assert_close(q, torch.tensor([stiff, 1.0, 1.0]).expand(4, 3))
+
+
+def test_preconditioned_sampler_samples_a_target_too_stiff_for_its_step():
+    # At eta = 0.25 the stiff coordinate (sigma 0.1) turns 2.5 rad a step: beyond the
+    # integrator's stability limit of 2, SGHMC's chains blow up. Preconditioned with power 1
+    # it turns 0.25 rad, like the broad ones, and the chains sample all three variances.
+    case = one_stiff_two_broad()
+    gen = torch.Generator().manual_seed(0)
+    init = (torch.randn(200, 3, generator=gen) * case.cov.diagonal().sqrt()).float()
+
+    def run(power: float) -> ms.SampleResult:
+        sampler = constant_curl(eta=0.25, precondition_power=power)
+        return ms.sample(
+            sampler, case.target(), 200, 1500, init=init, seed=1, progress=False, burn_in=500,
+            thin=10,
+        )  # fmt: skip
+
+    ratio = run(1.0).theta.reshape(-1, 3).double().var(0) / case.cov.diagonal()
+    assert (ratio - 1).abs().max() < 0.1, ratio
+    with pytest.raises(ms.NonFiniteError):
+        run(0.0)
+
+
+@pytest.mark.slow
+def test_stationarity_with_a_preconditioned_curl_and_bias_without_gamma():
+    # The momentum-dependent curl times P: Gamma_theta = -P dQ/dp and Gamma_p's curl term
+    # scale with P (a constant of z); without Gamma the chain is biased.
+    errors = var_errors_with_and_without_gamma(
+        ("exact", "none"), q_momentum_input=True, precondition_power=1.0
+    )
+    assert errors["none"] > 2 * errors["exact"], errors
+
+
+@pytest.mark.parametrize("power", [0.0, 0.5])
+def test_a_saved_stiffness_sampler_loads_and_samples_the_same(tmp_path, power):
     case = stiff_and_broad()
     sampler = strongly_state_dependent(
-        "exact", eta=0.02, beta_off=1.0, c=0.3, q_stiffness_input=True, stiffness_decay=0.9
-    )
+        "exact", eta=0.02, beta_off=1.0, c=0.3, q_stiffness_input=True, stiffness_decay=0.9,
+        precondition_power=power, precondition_range=2.0,
+    )  # fmt: skip
     path = tmp_path / "stiff.safetensors"
     sampler.save(str(path))
     loaded = ms.load_sampler(path)
     assert loaded.q_stiffness_input and loaded.stiffness_decay == 0.9
+    assert loaded.precondition_power == power and loaded.precondition_range == 2.0
     init = torch.randn(8, 2, generator=torch.Generator().manual_seed(1))
     runs = [
         ms.sample(s, case.target(), 8, 50, init=init, seed=3, progress=False).theta
@@ -93,6 +158,10 @@ def test_a_saved_stiffness_sampler_loads_and_samples_the_same(tmp_path):
 def test_stiffness_arguments_are_checked():
     with pytest.raises(ValueError, match="gamma='exact'"):
         NNSGHMC(eta=0.1, q_stiffness_input=True, gamma="finite_difference")
+    with pytest.raises(ValueError, match="precondition_power needs gamma='exact'"):
+        NNSGHMC(eta=0.1, precondition_power=0.5, gamma="finite_difference")
+    with pytest.raises(ValueError, match="precondition_range"):
+        NNSGHMC(eta=0.1, precondition_power=0.5, precondition_range=0.0)
     with pytest.raises(ValueError, match="stiffness_decay"):
         NNSGHMC(eta=0.1, q_stiffness_input=True, stiffness_decay=1.0)
     sampler = NNSGHMC(eta=0.1, q_stiffness_input=True)
