@@ -122,6 +122,7 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
     q, d = terms.q.double(), terms.d.double()
     q_p10, q_p90 = (float(x) for x in q.flatten().quantile(torch.tensor([0.1, 0.9]).double()))
     clamped = ((q - sampler.beta_off).abs() >= sampler.q_clamp - 1e-6).double().mean()
+    clamped = "–" if getattr(sampler, "precondition_power", 0) > 0 else f"{float(clamped):.1%}"
     units = getattr(sampler, "friction_units", "absolute")
     # the alpha Q_f^2 share of D_f (before any d_clamp): divided by eta in per-step units
     curl_part = sampler.alpha * q * q / (eta_k if units == "per_step" else 1.0)
@@ -138,7 +139,7 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
         stiffness = f"{p10:.2f} / {p50:.2f} / {p90:.2f}"
     return (
         f"| {state.step} | {eta_k:.4g} | {float(q.mean()):.3f} ({q_p10:.3f} / {q_p90:.3f}) | "
-        f"{float(clamped):.1%} | "
+        f"{clamped} | "
         f"{float(per_step.mean()):.4f} | {float(per_step.flatten().quantile(0.9)):.4f} | "
         f"{float((eta_k * curl_part).mean()):.4f} | "
         f"{float((eta_k * (d - curl_part)).mean()):.4f} | {float(g_hat.abs().median()):.2f} | "
