@@ -95,7 +95,7 @@ from .calibration import calibrate_inputs
 from .equations import StepArgs, StepConfig, nnsghmc_coefficients
 from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
-from .stiffness import preconditioner_reference, stiffness_input, update_grad_sq
+from .stiffness import chain_stiffness, preconditioner_reference, update_grad_sq
 
 __all__ = [
     "NNSGHMC",
@@ -334,15 +334,6 @@ class NNSGHMC(nn.Module, Sampler):
         chain carries the running mean ``V`` of its squared gradients."""
         return self.q_stiffness_input or self.precondition_power > 0
 
-    def _stiffness_of(self, grad_sq: Tensor, eta: float) -> Tensor:
-        """The stiffness from the chains' running means ``V`` of ``grad^2``; with the
-        preconditioner, of their mean over the chains (they share the target): one chain's
-        ``V`` over its first steps is a mean of a few ``chi^2_1`` draws, often far below its
-        expectation, and would speed its coordinate up by ``e^precondition_range``."""
-        if self.precondition_power > 0:
-            grad_sq = grad_sq.mean(0, keepdim=True)
-        return stiffness_input(grad_sq, eta)
-
     def _stiffness_given(self, stiffness: Tensor | None, like: Tensor, v: dict) -> Tensor | None:
         """``stiffness`` at the shape of ``like``, with its median in ``v`` for the
         preconditioner; a clear error when it is needed but missing."""
@@ -372,7 +363,8 @@ class NNSGHMC(nn.Module, Sampler):
         ``theta`` requires grad, so tests can differentiate these terms with respect to ``z``.
         ``eta`` (default: the sampler's base step) matters with ``friction_units="per_step"``
         and the stiffness input; ``grad_sq`` (the running mean of ``grad^2`` a chain carries in
-        ``state.extras["grad_sq"]``, a constant of ``z``) is needed with ``q_stiffness_input``.
+        ``state.extras["grad_sq"]``, a constant of ``z``) is needed when
+        :attr:`uses_stiffness`.
         """
         if eta is None:
             eta = resolve_eta(self.eta, self.lr, target.n_data, self.order)
@@ -380,7 +372,9 @@ class NNSGHMC(nn.Module, Sampler):
         u, prior_grad = self._energy_input(ev, target)
         v = self._scalars(target, eta, self.temperature)
         du = ev.grad if prior_grad is None else ev.grad - v["prior_w"] * prior_grad
-        stiffness = None if grad_sq is None else self._stiffness_of(grad_sq, eta)
+        stiffness = (
+            None if grad_sq is None else chain_stiffness(grad_sq, eta, self.precondition_power > 0)
+        )
         stiffness = self._stiffness_given(stiffness, momentum, v)
         q, d, gamma_p, dq_dph = nnsghmc_coefficients(
             u, momentum * v["inv_sp"], ev.grad * v["g_scale"], du * v["du_scale"],
@@ -420,7 +414,9 @@ class NNSGHMC(nn.Module, Sampler):
             grad_sq = update_grad_sq(extras.get("grad_sq"), ev.grad, k, self.stiffness_decay)
             # V of the earlier steps; the first step has none and uses its own gradient.
             stiffness = self._stiffness_given(
-                self._stiffness_of(extras.get("grad_sq", grad_sq), eta), p, v
+                chain_stiffness(extras.get("grad_sq", grad_sq), eta, self.precondition_power > 0),
+                p,
+                v,
             )
         args = StepArgs(
             state.theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype), v,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-__all__ = ["preconditioner_reference", "stiffness_input", "update_grad_sq"]
+__all__ = ["chain_stiffness", "preconditioner_reference", "stiffness_input", "update_grad_sq"]
 
 
 def update_grad_sq(past: Tensor | None, grad: Tensor, step: int, decay: float) -> Tensor:
@@ -41,6 +41,15 @@ def update_grad_sq(past: Tensor | None, grad: Tensor, step: int, decay: float) -
 def stiffness_input(grad_sq: Tensor, eta: float) -> Tensor:
     """``s_i = log(eta sqrt(V_i))`` from the running mean ``V`` of ``(d_i Ũ)^2``."""
     return 0.5 * (grad_sq.clamp_min(1e-30) * (eta * eta)).log()
+
+
+def chain_stiffness(grad_sq: Tensor, eta: float, pooled: bool) -> Tensor:
+    """The stiffness of the chains' running means ``V`` (``(K, D)``); ``pooled`` (with the
+    preconditioner): of their mean over the chains, ``(1, D)``, since the chains share the
+    target and one chain's ``V`` over its first steps is a mean of a few ``chi^2_1`` draws,
+    often far below its expectation, which would speed its coordinate up by
+    ``e^precondition_range``."""
+    return stiffness_input(grad_sq.mean(0, keepdim=True) if pooled else grad_sq, eta)
 
 
 #: :func:`preconditioner_reference` takes the median of at most about this many entries.
