@@ -233,14 +233,16 @@ class NNSGHMCArgs:
     stiffness_decay: float = _arg(
         0.99,
         "``V_i`` is the mean of ``(d_i Ũ)^2`` over the first ``1 / (1 - decay)`` steps, then "
-        "an exponential average with this decay (used with ``q_stiffness_input``).",
+        "an exponential average with this decay (used with ``q_stiffness_input`` and "
+        "``precondition_power``).",
         check="fraction", since=5,
     )  # fmt: skip
     precondition_power: float = _arg(
         0.0,
         "``gamma_P``: multiply the curl by the per-coordinate preconditioner ``P_i = "
         "exp(clamp(-gamma_P (s_i - median_j s_j), -precondition_range, precondition_range))`` "
-        "(``s_i = log(eta sqrt(V_i))`` as for ``q_stiffness_input``), so a coordinate whose "
+        "(``s_i = log(eta sqrt(V_i))`` as for ``q_stiffness_input``, ``V`` averaged over the "
+        "chains, which share the target), so a coordinate whose "
         "RMS gradient is ``k`` times the median's moves ``k^-gamma_P`` as fast: ``0.5`` is "
         "pSGLD's rescaling in the high-friction limit, ``1`` gives every coordinate of a "
         "Gaussian the same frequency. ``0``: none. ``P`` is a constant of ``z`` (earlier "
