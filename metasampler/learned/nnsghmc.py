@@ -286,7 +286,7 @@ class NNSGHMC(nn.Module, Sampler):
             "d_clamp": math.inf if self.d_clamp is None else self.d_clamp,
             "grad_noise_var": self.grad_noise_var,
             "precond_power": self.precondition_power,
-            "precond_ref": 0.0,  # the median stiffness of the step (`_with_stiffness`)
+            "precond_ref": 0.0,  # the median stiffness of the step (`_stiffness_given`)
             "precond_range": self.precondition_range,
         }
 
