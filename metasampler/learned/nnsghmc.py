@@ -301,7 +301,7 @@ class NNSGHMC(nn.Module, Sampler):
             q_momentum=self.q_momentum_input,
             q_stiffness=self.q_stiffness_input,
             noise_correction=self.grad_noise_var > 0,
-            precondition=self.precondition_power > 0,
+            precondition=self.preconditioned,
         )
 
     def _nets(self, dtype: torch.dtype | None = None) -> tuple[NetParams, NetParams]:
@@ -329,10 +329,15 @@ class NNSGHMC(nn.Module, Sampler):
         return q, d
 
     @property
+    def preconditioned(self) -> bool:
+        """Whether the curl is scaled by the stiffness preconditioner (``precondition_power``)."""
+        return self.precondition_power > 0
+
+    @property
     def uses_stiffness(self) -> bool:
         """Whether the curl needs the stiffness (its input or its preconditioner), so that a
         chain carries the running mean ``V`` of its squared gradients."""
-        return self.q_stiffness_input or self.precondition_power > 0
+        return self.q_stiffness_input or self.preconditioned
 
     def _stiffness_given(self, stiffness: Tensor | None, like: Tensor, v: dict) -> Tensor | None:
         """``stiffness`` at the shape of ``like``, with its median in ``v`` for the
@@ -345,7 +350,7 @@ class NNSGHMC(nn.Module, Sampler):
                 "precondition_power): pass stiffness= "
                 "(metasampler.learned.stiffness.stiffness_input) or grad_sq="
             )
-        if self.precondition_power > 0:
+        if self.preconditioned:
             v["precond_ref"] = preconditioner_reference(stiffness)
         return stiffness.expand_as(like)
 
@@ -372,9 +377,7 @@ class NNSGHMC(nn.Module, Sampler):
         u, prior_grad = self._energy_input(ev, target)
         v = self._scalars(target, eta, self.temperature)
         du = ev.grad if prior_grad is None else ev.grad - v["prior_w"] * prior_grad
-        stiffness = (
-            None if grad_sq is None else chain_stiffness(grad_sq, eta, self.precondition_power > 0)
-        )
+        stiffness = None if grad_sq is None else chain_stiffness(grad_sq, eta, self.preconditioned)
         stiffness = self._stiffness_given(stiffness, momentum, v)
         q, d, gamma_p, dq_dph = nnsghmc_coefficients(
             u, momentum * v["inv_sp"], ev.grad * v["g_scale"], du * v["du_scale"],
@@ -414,7 +417,7 @@ class NNSGHMC(nn.Module, Sampler):
             grad_sq = update_grad_sq(extras.get("grad_sq"), ev.grad, k, self.stiffness_decay)
             # V of the earlier steps; the first step has none and uses its own gradient.
             stiffness = self._stiffness_given(
-                chain_stiffness(extras.get("grad_sq", grad_sq), eta, self.precondition_power > 0),
+                chain_stiffness(extras.get("grad_sq", grad_sq), eta, self.preconditioned),
                 p,
                 v,
             )
