@@ -107,9 +107,12 @@ class PSGLDMethod(MethodGrid):
 @dataclass
 class _Friction(MethodGrid):
     """``momentum_decay`` is the per-step friction ``a = eta * C`` (paper: 0.01), so the
-    friction ``C = a / eta`` follows the tuned step."""
+    friction ``C = a / eta`` follows the tuned step. A non-empty ``momentum_decay_grid`` tunes
+    the friction too (replacing ``momentum_decay``): the step is tuned at every friction and
+    the pair with the lowest validation NLL is chosen, both grids extended until interior."""
 
     momentum_decay: float = 0.01
+    momentum_decay_grid: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -256,6 +259,8 @@ class MethodSpec:
         stored_step: an empty grid means the step stored in the sampler file.
         warmup_alpha: the paper's test-time ``alpha = alpha_per_step / eta_warmup`` applies
             (:func:`metasampler.benchmark.protocol.set_alpha_from_warmup`).
+        tuned_option: a constant of the method that may be tuned with the step (the friction
+            per step ``momentum_decay``); its grid is the section's ``<tuned_option>_grid``.
     """
 
     key: str
@@ -267,6 +272,7 @@ class MethodSpec:
     tuned: str = "lr"
     stored_step: bool = False
     warmup_alpha: bool = False
+    tuned_option: str | None = None
 
     @property
     def order(self) -> str:
@@ -282,6 +288,15 @@ class MethodSpec:
         """The grid of the tuned parameter in a config section."""
         return [float(v) for v in section[f"{self.tuned}_grid"]]
 
+    def option_grid(self, section: Mapping[str, Any]) -> list[float]:
+        """The grid of :attr:`tuned_option` in a config section (empty: the section's fixed
+        value, or a method without one)."""
+        if self.tuned_option is None:
+            return []
+        return [float(v) for v in section.get(f"{self.tuned_option}_grid") or []]
+
+
+FRICTION = "momentum_decay"  # the friction methods' tuned option
 
 METHODS: dict[str, MethodSpec] = {
     spec.key: spec
@@ -303,8 +318,8 @@ METHODS: dict[str, MethodSpec] = {
             PSGLD,
             lambda o, lr, c: PSGLD(lr=lr, beta=o["beta"], lam=o["lam"]),
         ),
-        MethodSpec("sghmc", "SGHMC", SGHMCMethod, SGHMC, _sghmc),
-        MethodSpec("msgnht", "mSGNHT-S", SGNHTMethod, SGNHT, _msgnht),
+        MethodSpec("sghmc", "SGHMC", SGHMCMethod, SGHMC, _sghmc, tuned_option=FRICTION),
+        MethodSpec("msgnht", "mSGNHT-S", SGNHTMethod, SGNHT, _msgnht, tuned_option=FRICTION),
         MethodSpec(
             "csgld",
             "cSGLD",
@@ -312,7 +327,7 @@ METHODS: dict[str, MethodSpec] = {
             SGLD,
             lambda o, lr, c: cyclical_sgld(lr=lr, **_cycles(o, c)),
         ),
-        MethodSpec("csghmc", "cSGHMC", CyclicalSGHMCMethod, SGHMC, _csghmc),
+        MethodSpec("csghmc", "cSGHMC", CyclicalSGHMCMethod, SGHMC, _csghmc, tuned_option=FRICTION),
         MethodSpec(
             "cnnsghmc",
             "cNNSGHMC",
@@ -402,6 +417,12 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
     if not all(_finite_positive(value) for value in grid):
         raise ConfigError(
             f"methods.{key}.{spec.tuned}_grid values must be finite numbers > 0, got {grid!r}"
+        )
+    option_grid = spec.option_grid(section)
+    if not all(_finite_positive(value) for value in option_grid):
+        raise ConfigError(
+            f"methods.{key}.{spec.tuned_option}_grid values must be finite numbers > 0, got "
+            f"{option_grid!r}"
         )
     for name in _POSITIVE_OPTIONS:
         if name in section and not _finite_positive(section[name]):

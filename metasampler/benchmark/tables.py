@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .methods import FRICTION
 from .results import FINAL_METRICS
 
 __all__ = [
@@ -50,7 +51,7 @@ def _protocol_line(summary: Mapping[str, Any]) -> str:
 def markdown_table(summary: Mapping[str, Any]) -> str:
     """The results table: mean ± standard error over seeds, one row per method; then the
     step-size tuning table."""
-    lines = _results_table(summary) + _tuning_table(summary)
+    lines = _results_table(summary) + _tuning_table(summary) + _friction_table(summary)
     return "\n".join(lines) + "\n"
 
 
@@ -68,15 +69,17 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
         f"burn-in steps; seeds {summary['seeds']} (mean ± standard error over seeds).",
         *filter(None, [_protocol_line(summary)]),
         "",
-        "| Method | lr | test err % (avg) | test NLL (avg) | test err % (ens) | "
+        "| Method | lr | friction/step | test err % (avg) | test NLL (avg) | test err % (ens) | "
         "test NLL (ens) | ECE (avg) | OOD entropy | ms/step | diverged |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for entry in summary["methods"].values():
+    for key, entry in summary["methods"].items():
         label = entry["label"] + ("" if entry["is_sampler"] else " (optimiser)")
         if entry.get("error"):
-            lines.append(f"| {label} | – | {entry['error']} | | | | | | | |")
+            lines.append(f"| {label} | – | – | {entry['error']} | | | | | | | |")
             continue
+        friction = _friction(summary, key)
+        friction = "–" if friction is None else f"{friction:g}"
         s = entry["summary"]
         lr = "stored" if entry["lr"] is None else f"{entry['lr']:g}"
         n_runs = len(entry["runs"])
@@ -90,7 +93,7 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
             ("seconds_per_step", 1000, 1),
         )
         cells = " | ".join(format_mean_se(s[m], scale, digits) for m, scale, digits in columns)
-        lines.append(f"| {label} | {lr} | {cells} | {entry['n_diverged']}/{n_runs} |")
+        lines.append(f"| {label} | {lr} | {friction} | {cells} | {entry['n_diverged']}/{n_runs} |")
     lines += [
         "",
         "avg: running posterior average (all chains, all kept samples); ens: ensemble of the "
@@ -98,7 +101,8 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
         f"{summary['config']['ece_bins']} bins; OOD entropy: mean predictive entropy (nats) "
         "of the posterior average on out-of-distribution inputs (higher is better). "
         "ms/step: sampling wall-clock, evaluation excluded. lr: per-batch learning rate "
-        "chosen on the validation split.",
+        "chosen on the validation split; friction/step: the momentum methods' friction per "
+        "step a = eta C (fixed or tuned with the step, below).",
     ]
     if summary.get("scoring") == "frames":
         lines += [
@@ -111,12 +115,84 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _friction(summary: Mapping[str, Any], key: str) -> float | None:
+    """The friction per step a method ran with (``None`` for a method without one); results
+    written before the friction was tuned keep it in the config only."""
+    value = summary["methods"][key].get(FRICTION)
+    if value is None:
+        value = (summary.get("config", {}).get("methods", {}).get(key) or {}).get(FRICTION)
+    return value
+
+
+def _best_per_friction(entry: Mapping[str, Any]) -> dict[float, float]:
+    """Each tuned friction's lowest validation NLL over its steps (``inf``: all diverged)."""
+    best: dict[float, float] = {}
+    for row in entry.get("tuning") or []:
+        score = row["val_nll"] if row["diverged_at"] is None else math.inf
+        best[row[FRICTION]] = min(best.get(row[FRICTION], math.inf), score)
+    return best
+
+
+def _by_friction(best: Mapping[float, float], values: list[float]) -> str:
+    """``a → best val NLL`` (or ``diverged``) for ``values``, increasing."""
+    return ", ".join(
+        f"{v:g} → " + (f"{best[v]:.4f}" if math.isfinite(best[v]) else "diverged")
+        for v in sorted(values)
+    )
+
+
+def _friction_table(summary: Mapping[str, Any]) -> list[str]:
+    """The friction tuning of every method that had one: each friction's best validation NLL
+    over its tuned steps (empty when no method tuned its friction)."""
+    lines = [
+        "",
+        "## Friction tuning (best validation NLL over the steps tuned at each friction)",
+        "",
+        "| Method | initial grid: a → best val NLL | extensions: a → best val NLL | chosen a | "
+        "choice |",
+        "|---|---|---|---|---|",
+    ]
+    tuned = False
+    for entry in summary["methods"].values():
+        grid = entry.get(f"{FRICTION}_grid")
+        if not grid or len(grid) < 2 or entry.get("error"):
+            continue
+        tuned = True
+        best = _best_per_friction(entry)
+        extensions = entry.get(f"{FRICTION}_extensions") or []
+        choice = {True: "interior", False: "grid edge", None: "–"}[
+            entry.get(f"{FRICTION}_interior")
+        ]
+        lines.append(
+            f"| {entry['label']} | {_by_friction(best, grid)} | "
+            f"{_by_friction(best, extensions) or '–'} | "
+            f"{entry[FRICTION]:g} | {choice} |"
+        )
+    if not tuned:
+        return []
+    lines += [
+        "",
+        "The step was tuned at every friction (the step-size table shows the chosen friction's "
+        "runs, tuning.csv all of them); the friction whose best step scored lowest was chosen. "
+        "Extensions as for the step.",
+    ]
+    return lines
+
+
 def _scored(rows: list[dict[str, Any]]) -> str:
     """``lr → val NLL`` (or ``diverged``) of tuning rows, by increasing lr."""
     return ", ".join(
         f"{r['lr']:g} → " + (f"{r['val_nll']:.4f}" if r["diverged_at"] is None else "diverged")
         for r in sorted(rows, key=lambda r: r["lr"])
     )
+
+
+def _at_chosen_friction(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The step-tuning rows of an entry at the friction it chose (all rows without one)."""
+    rows = entry.get("tuning") or []
+    if entry.get(FRICTION) is None:
+        return rows
+    return [r for r in rows if r.get(FRICTION, entry[FRICTION]) == entry[FRICTION]]
 
 
 def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
@@ -130,7 +206,7 @@ def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
     ]
     at_edge = False
     for entry in summary["methods"].values():
-        rows = entry.get("tuning") or []
+        rows = _at_chosen_friction(entry)
         initial = _scored([r for r in rows if not r.get("extension")])
         extended = _scored([r for r in rows if r.get("extension")])
         lr = "–" if entry.get("lr") is None else f"{entry['lr']:g}"
@@ -199,6 +275,7 @@ def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "method": key,
             "label": entry["label"],
             "lr": entry.get("lr"),
+            FRICTION: _friction(summary, key),
             "eta": entry.get("eta"),
             "tuning_interior": entry.get("tuning_interior"),
             "warmup_eta": entry.get("warmup_eta"),
@@ -214,7 +291,7 @@ def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 _SUMMARY_FIELDS = (
-    ["method", "label", "lr", "eta", "tuning_interior", "warmup_eta", "alpha", "n_seeds"]
+    ["method", "label", "lr", FRICTION, "eta", "tuning_interior", "warmup_eta", "alpha", "n_seeds"]
     + ["n_diverged"]
     + [f"{m}_{s}" for m in FINAL_METRICS for s in ("mean", "se")]
     + ["error"]
@@ -223,6 +300,7 @@ _SUMMARY_FIELDS = (
 
 _TUNING_FIELDS = [
     "method",
+    FRICTION,
     "lr",
     "eta",
     "val_nll",

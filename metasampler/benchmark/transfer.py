@@ -5,6 +5,7 @@ one method's tuning and seeds: :class:`MethodBenchmark`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -26,7 +27,7 @@ from .metrics import frame_targets, is_sequence_model
 from .protocol import MethodFactory
 from .results import BenchmarkResult, seed_statistics
 from .run import EvalSet, MethodRun, run_method
-from .tuning import TuningError, tune_step_size
+from .tuning import TuneResult, TuningError, tune_step_size
 
 __all__ = ["MethodBenchmark", "run_benchmark"]
 
@@ -113,32 +114,41 @@ class _Setting:
 
 
 class MethodBenchmark:
-    """One method of a benchmark: step-size tuning on the validation split, then every seed
-    with the chosen value. :meth:`run` fills :attr:`entry` (the method's part of
-    ``results.json``) and :attr:`runs`."""
+    """One method of a benchmark: step-size tuning on the validation split (with the method's
+    friction where its section has a ``momentum_decay_grid``), then every seed with the chosen
+    value. :meth:`run` fills :attr:`entry` (the method's part of ``results.json``) and
+    :attr:`runs`."""
 
     def __init__(self, key: str, setting: _Setting) -> None:
         cfg = setting.cfg
         self.spec, self.setting = METHODS[key], setting
-        section = OmegaConf.to_container(cfg.methods[key], resolve=True)
+        self.section = OmegaConf.to_container(cfg.methods[key], resolve=True)
         self.make = MethodFactory(
             key,
-            section,
+            self.section,
             setting.problem.target.n_data,
             cfg.budget.warmup_steps,
             cfg.budget.warmup_lr_factor,
             setting.sampler_path,
         )
-        grid = self.spec.grid(section)
+        grid = self.spec.grid(self.section)
         self.grid: list[float | None] = grid if grid else [None]  # None: the stored step
+        self.option_grid = self.spec.option_grid(self.section)  # empty: the fixed value
         self.entry: dict[str, Any] = {"label": self.spec.label, "is_sampler": self.spec.is_sampler}
         self.tuning_rows: list[dict[str, Any]] = []
+        self.lr_tunings: dict[float, TuneResult] = {}  # option value -> its step tuning
         self.runs: dict[int, MethodRun] = {}
 
     @property
     def tuned(self) -> bool:
-        """Whether the grid is tuned (tuning on and more than one value)."""
-        return self.setting.cfg.tune.enabled and len(self.grid) > 1
+        """Whether anything is tuned (tuning on and more than one value in a grid)."""
+        return self.setting.cfg.tune.enabled and max(len(self.grid), len(self.option_grid)) > 1
+
+    @property
+    def option_value(self) -> float | None:
+        """The current value of the method's tuned option (``None`` for a method without)."""
+        option = self.spec.tuned_option
+        return None if option is None else float(self.make.options[option])
 
     def run(self) -> bool:
         """Tune and run every seed; ``False`` when tuning failed and the method was skipped."""
@@ -158,9 +168,13 @@ class MethodBenchmark:
 
     # -- tuning ------------------------------------------------------------------------------
     def _tune(self) -> float:
+        """The chosen step (and, with an option grid, the option value left in :attr:`make`)."""
         self.setting.progress.describe(f"tune {self.spec.label}")
-        tune = self.setting.cfg.tune
-        tuned = tune_step_size(self._objective, self.grid, tune.max_extensions)
+        if len(self.option_grid) > 1:
+            self._tune_option()
+        else:
+            self.lr_tunings[self.option_value] = self._tune_step()
+        tuned = self.lr_tunings[self.option_value]
         self.entry.update(
             tuning_grid=tuned.grid,
             tuning_extensions=tuned.extensions,
@@ -168,10 +182,56 @@ class MethodBenchmark:
         )
         return tuned.best
 
+    def _tune_step(self) -> TuneResult:
+        """The step tuned at the current option value (one scoring run for a one-value grid,
+        when only the option is tuned)."""
+        if len(self.grid) == 1:
+            lr = self.grid[0]
+            try:
+                score = self._objective(lr)
+            except NonFiniteError:
+                score = math.inf
+            return TuneResult(lr, [(lr, score)], grid=[lr])
+        return tune_step_size(self._objective, self.grid, self.setting.cfg.tune.max_extensions)
+
+    def _tune_option(self) -> None:
+        """Tune the step at every value of the option's grid (extended like the step's) and
+        keep the value whose best step scored lowest."""
+        option = self.spec.tuned_option
+
+        def best_score(value: float) -> float:
+            self._use_option(value)
+            try:
+                tuned = self._tune_step()
+            except TuningError:
+                return math.inf
+            self.lr_tunings[value] = tuned
+            return min(score for _, score in tuned.scores)
+
+        outer = tune_step_size(best_score, self.option_grid, self.setting.cfg.tune.max_extensions)
+        self._use_option(outer.best)
+        self.entry.update(
+            {
+                f"{option}_grid": outer.grid,
+                f"{option}_extensions": outer.extensions,
+                f"{option}_interior": outer.interior,
+            }
+        )
+
+    def _use_option(self, value: float) -> None:
+        """Build the method with its tuned option at ``value`` from now on."""
+        options = {**self.section, self.spec.tuned_option: value}
+        self.make = dataclasses.replace(self.make, options=options)
+
+    def _planned(self, lr: float) -> bool:
+        """Whether a tuning run at ``lr`` and the current option value is one of the initial
+        grids' runs (counted in the progress bar's total) rather than an extension."""
+        return lr in self.grid and (not self.option_grid or self.option_value in self.option_grid)
+
     def _objective(self, lr: float) -> float:
         """Validation NLL of the posterior average of a short run at ``lr``."""
         tune, progress = self.setting.cfg.tune, self.setting.progress
-        if lr not in self.grid:  # an extension of the grid: one more tuning run
+        if not self._planned(lr):  # an extension of a grid: one more tuning run
             progress.extend(tune.n_steps)
         result = self.setting.run(
             self.make(lr, tune.n_steps),
@@ -181,14 +241,15 @@ class MethodBenchmark:
             eval_every=tune.n_steps,
             seed=tune.seed,
         )
-        self.tuning_rows.append(
-            {
-                "lr": lr,
-                "val_nll": result.final["average_nll"],
-                "val_error": result.final["average_error"],
-                "diverged_at": result.diverged_at,
-            }
-        )
+        row = {
+            "lr": lr,
+            "val_nll": result.final["average_nll"],
+            "val_error": result.final["average_error"],
+            "diverged_at": result.diverged_at,
+        }
+        if self.spec.tuned_option is not None:
+            row[self.spec.tuned_option] = self.option_value
+        self.tuning_rows.append(row)
         if result.diverged_at is not None:
             progress.skip(tune.n_steps - result.diverged_at)
             raise NonFiniteError(result.message or "diverged", step=result.diverged_at)
@@ -216,12 +277,15 @@ class MethodBenchmark:
         n_steps = self.setting.cfg.budget.n_steps
         eta = self.make.eta(chosen, n_steps)
         lr_used = self.make(None, n_steps).lr if chosen is None else chosen  # None: file's step
+        option, value = self.spec.tuned_option, self.option_value
         for row in self.tuning_rows:
             row["eta"] = self.make.eta(row["lr"], n_steps)
-            row["chosen"] = row["lr"] == chosen
+            row["chosen"] = row["lr"] == chosen and row.get(option) == value
             row["extension"] = row["lr"] not in self.grid
         entry = self.entry
         entry.update(lr=lr_used, eta=eta, tuning=self.tuning_rows, error=None)
+        if option is not None:
+            entry[option] = value
         entry.setdefault("tuning_grid", [v for v in self.grid if v is not None])
         entry.setdefault("tuning_extensions", [])
         entry.setdefault("tuning_interior", None)
@@ -235,19 +299,29 @@ class MethodBenchmark:
 
     def _log_tuning(self, chosen: float | None, lr_used: float, eta: float) -> None:
         rows = self.tuning_rows
+        option = self.spec.tuned_option
         if rows:
-            scores = ", ".join(f"{r['lr']:g}: {r['val_nll']:.4f}" for r in rows)
+            scores = ", ".join(_scored_run(r, option) for r in rows)
             where = {True: "interior", False: "grid edge", None: ""}[self.entry["tuning_interior"]]
-            self.setting.log(
-                f"{self.spec.label}: lr grid (val NLL) {scores} -> lr={chosen:g} ({where})"
-            )
+            choice = f"lr={chosen:g} ({where})"
+            if option is not None and len(self.option_grid) > 1:
+                edge = {True: "interior", False: "grid edge", None: ""}[
+                    self.entry[f"{option}_interior"]
+                ]
+                choice += f", {option}={self.option_value:g} ({edge})"
+            self.setting.log(f"{self.spec.label}: tuning (val NLL) {scores} -> {choice}")
         writer = self.setting.writer(self.spec.key, "tune")
         if writer is not None:
             for i, row in enumerate(rows):
                 nll = row["val_nll"]
                 writer.add_scalar("tune/val_nll", nll if math.isfinite(nll) else math.inf, i)
                 writer.add_scalar("tune/lr", row["lr"], i)
-            writer.add_text("tune/chosen", f"lr={lr_used}, eta={eta:.6g}")
+                if option is not None:
+                    writer.add_scalar(f"tune/{option}", row[option], i)
+            chosen_text = f"lr={lr_used}, eta={eta:.6g}"
+            if option is not None:
+                chosen_text += f", {option}={self.option_value:g}"
+            writer.add_text("tune/chosen", chosen_text)
             writer.close()
 
     # -- evaluation --------------------------------------------------------------------------
@@ -279,6 +353,12 @@ class MethodBenchmark:
         }
 
 
+def _scored_run(row: dict[str, Any], option: str | None) -> str:
+    """``lr: val NLL`` of a tuning row, with the option's value where the method has one."""
+    text = f"{row['lr']:g}: {row['val_nll']:.4f}"
+    return text if option is None else f"{option}={row[option]:g} {text}"
+
+
 def _eval_sets(cfg: Any, data: Any, device: torch.device) -> tuple[EvalSet, dict, EvalSet]:
     """The test set, the unlabeled sets (``ood``) and the validation set, cut to the config's
     limits and moved to ``device``."""
@@ -302,8 +382,11 @@ def _enabled(cfg: Any) -> list[str]:
 
 def _total_steps(cfg: Any) -> int:
     """Steps of the progress bar: tuning runs of every tuned grid, then every seed."""
-    sizes = [len(METHODS[key].grid(cfg.methods[key])) for key in _enabled(cfg)]
-    n_tune_runs = sum(n for n in sizes if n > 1) if cfg.tune.enabled else 0
+    sizes = []
+    for key in _enabled(cfg):
+        spec, section = METHODS[key], cfg.methods[key]
+        sizes.append((len(spec.grid(section)), len(spec.option_grid(section))))
+    n_tune_runs = sum(n * max(1, m) for n, m in sizes if max(n, m) > 1) if cfg.tune.enabled else 0
     return n_tune_runs * cfg.tune.n_steps + len(sizes) * len(cfg.seeds) * cfg.budget.n_steps
 
 

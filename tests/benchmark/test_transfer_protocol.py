@@ -285,3 +285,105 @@ def test_runs_split_by_method_and_seed_merge_into_the_whole_result(tmp_path):
         )
     with pytest.raises(ValueError, match="different seeds"):
         merge_seed_results([sgld_only, adam_parts[0]])
+
+
+# --------------------------------------------------------------------------------------------
+# Friction tuned with the step (momentum methods)
+# --------------------------------------------------------------------------------------------
+def _friction_benchmark(tmp_path, *extra: str):
+    return _small_benchmark(
+        tmp_path,
+        "[0]",
+        "methods.sgld.enabled=false",
+        "methods.adam.enabled=false",
+        "methods.sghmc.enabled=true",
+        "tune.max_extensions=4",
+        *extra,
+    )
+
+
+def test_friction_grid_tunes_the_step_at_every_friction_and_runs_the_best_pair(tmp_path):
+    summary = _friction_benchmark(
+        tmp_path,
+        "methods.sghmc.lr_grid=[0.02, 0.08]",
+        "methods.sghmc.momentum_decay_grid=[0.01, 0.1, 1.0]",
+    )
+    entry = summary["methods"]["sghmc"]
+    rows = entry["tuning"]
+    frictions = entry["momentum_decay_grid"] + entry["momentum_decay_extensions"]
+    assert sorted({r["momentum_decay"] for r in rows}) == sorted(frictions)
+    for a in frictions:  # the step grid was tuned at each friction
+        assert {0.02, 0.08} <= {r["lr"] for r in rows if r["momentum_decay"] == a}
+    finite = [r for r in rows if r["diverged_at"] is None]
+    best = min(finite, key=lambda r: r["val_nll"])
+    assert (entry["momentum_decay"], entry["lr"]) == (best["momentum_decay"], best["lr"])
+    assert [r["chosen"] for r in rows].count(True) == 1 and best["chosen"]
+    assert entry["momentum_decay_interior"] in (True, False)
+
+    # the evaluation ran the chosen pair: a seed rebuilt by hand gives the same numbers
+    problem = synthetic_classification_problem(
+        n_train=120, n_val=60, n_test=60, n_ood=0, n_features=4, batch_size=30
+    )
+    from metasampler.benchmark.run import EvalSet, run_method
+
+    sampler = build_method(
+        "sghmc",
+        {"momentum_decay": entry["momentum_decay"]},
+        entry["lr"],
+        n_data=problem.target.n_data,
+        n_steps=12,
+    )
+    rerun = run_method(
+        sampler, problem.target, problem.init,
+        main=EvalSet(problem.data.x_test, problem.data.y_test),
+        n_chains=2, n_steps=12, burn_in=4, thin=2, eval_every=4, seed=0,
+    )  # fmt: skip
+    assert rerun.final["average_nll"] == pytest.approx(entry["runs"][0]["final"]["average_nll"])
+
+    table = markdown_table(summary)
+    assert "## Friction tuning" in table
+    assert f"| SGHMC | {entry['lr']:g} | {entry['momentum_decay']:g} |" in table
+
+
+def test_friction_grid_is_extended_until_the_chosen_friction_is_interior(tmp_path, monkeypatch):
+    """A validation score whose best friction (0.3) lies above the initial grid and whose best
+    step grows with the friction: the friction grid is extended to an interior choice and the
+    step is the best one at that friction."""
+    from metasampler.benchmark import transfer
+
+    def score(self, lr: float) -> float:
+        a = self.option_value
+        self.tuning_rows.append({"lr": lr, "val_nll": 0.0, "diverged_at": None})
+        self.tuning_rows[-1]["momentum_decay"] = a
+        value = (math.log(a / 0.3)) ** 2 + (math.log(lr / (0.2 * a))) ** 2
+        self.tuning_rows[-1]["val_nll"] = value
+        return value
+
+    monkeypatch.setattr(transfer.MethodBenchmark, "_objective", score)
+    summary = _friction_benchmark(
+        tmp_path,
+        "methods.sghmc.lr_grid=[0.005, 0.01, 0.02]",
+        "methods.sghmc.momentum_decay_grid=[0.01, 0.03]",
+    )
+    entry = summary["methods"]["sghmc"]
+    assert entry["momentum_decay_extensions"] == pytest.approx([0.09, 0.27, 0.81])
+    assert entry["momentum_decay"] == pytest.approx(0.27) and entry["momentum_decay_interior"]
+    assert entry["lr"] == pytest.approx(0.04)  # the step nearest 0.2 x 0.27 at that friction
+    assert entry["tuning_interior"] is True
+
+    # an initial grid alone ends on its edge and says so
+    summary = _friction_benchmark(
+        tmp_path,
+        "tune.max_extensions=0",
+        "methods.sghmc.lr_grid=[0.005, 0.01, 0.02]",
+        "methods.sghmc.momentum_decay_grid=[0.01, 0.03]",
+    )
+    entry = summary["methods"]["sghmc"]
+    assert entry["momentum_decay"] == 0.03 and entry["momentum_decay_interior"] is False
+    table = markdown_table(summary)
+    assert "| SGHMC | 0.01 → " in table and "grid edge" in table
+
+
+def test_config_rejects_a_bad_friction_grid():
+    with pytest.raises(ConfigError, match="momentum_decay_grid"):
+        load_benchmark_config(None, ["methods.sghmc.momentum_decay_grid=[0.01, -0.1]"])
