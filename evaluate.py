@@ -7,7 +7,10 @@ baselines SGLD, pSGLD, SGHMC, mSGNHT (splitting), cSGLD, cSGHMC and the optimise
 Adam on one Bayesian neural network, every method with the same budget (chains, steps,
 minibatch size). Each method's per-batch learning rate is first chosen from a small grid by
 the validation NLL of short runs, the grid extended beyond an end while the best value sits
-there (``tune.max_extensions``); then every seed runs with the chosen value. The protocol of
+there (``tune.max_extensions``). The momentum methods (SGHMC, mSGNHT, cSGHMC) with a
+``momentum_decay_grid`` have their friction per step tuned too: the step is tuned at every
+friction and the pair with the lowest validation NLL kept, the friction grid extended the same
+way. Then every seed runs with the chosen values. The protocol of
 the paper's MNIST code is available for every method alike: a warm-up phase
 (``budget.warmup_steps`` at ``budget.warmup_lr_factor`` x the chosen rate) and, for NNSGHMC,
 ``alpha = methods.nnsghmc.alpha_per_step / eta_warmup`` (see ``configs/eval/mnist_nt.yaml``).
@@ -18,9 +21,10 @@ Writes into ``<out_dir>/<name>/``, built in a staging directory and swapped in a
 the end (one atomic rename; an interrupted or failed run leaves earlier results as they
 were, and the next run removes the staging directories killed runs left behind):
 
-* ``results.json`` — config, budget, chosen step sizes with the tuning scores (initial grid,
-  extensions, interior or not), NNSGHMC's ``alpha``, per-seed final metrics of the final
-  K-chain ensemble and of the posterior average, mean ± standard error, learning curves;
+* ``results.json`` — config, budget, chosen step sizes (and frictions) with the tuning scores
+  (initial grid, extensions, interior or not), NNSGHMC's ``alpha``, per-seed final metrics of
+  the final K-chain ensemble and of the posterior average, mean ± standard error, learning
+  curves;
 * ``summary.csv``, ``curves.csv``, ``tuning.csv``; ``table.md`` (markdown table);
 * ``learning_curves.png`` (posterior average) and ``learning_curves_ensemble.png`` (K-chain
   ensemble): test error / NLL against epochs and sampling wall-clock (004 Fig. 3);

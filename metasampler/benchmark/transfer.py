@@ -158,8 +158,10 @@ class MethodBenchmark:
             except TuningError as err:
                 self._skip(err)
                 return False
-        else:
+        else:  # the first value of each grid, as for the step
             chosen = self.grid[0]
+            if self.option_grid:
+                self._use_option(self.option_grid[0])
         self._record_choice(chosen)
         per_seed = [self._run_seed(chosen, int(seed)) for seed in self.setting.cfg.seeds]
         self.entry["runs"] = per_seed

@@ -387,3 +387,14 @@ def test_friction_grid_is_extended_until_the_chosen_friction_is_interior(tmp_pat
 def test_config_rejects_a_bad_friction_grid():
     with pytest.raises(ConfigError, match="momentum_decay_grid"):
         load_benchmark_config(None, ["methods.sghmc.momentum_decay_grid=[0.01, -0.1]"])
+
+
+def test_without_tuning_a_friction_grid_runs_its_first_value(tmp_path):
+    summary = _friction_benchmark(
+        tmp_path,
+        "tune.enabled=false",
+        "methods.sghmc.lr_grid=[0.02, 0.08]",
+        "methods.sghmc.momentum_decay_grid=[0.05, 0.1]",
+    )
+    entry = summary["methods"]["sghmc"]
+    assert (entry["lr"], entry["momentum_decay"]) == (0.02, 0.05) and entry["tuning"] == []
