@@ -133,10 +133,25 @@ def _best_per_friction(entry: Mapping[str, Any]) -> dict[float, float]:
     return best
 
 
-def _by_friction(best: Mapping[float, float], values: list[float]) -> str:
-    """``a → best val NLL`` (or ``diverged``) for ``values``, increasing."""
+def _step_at_edge(entry: Mapping[str, Any], friction: float) -> bool:
+    """Whether the best step at ``friction`` is the smallest or largest step tried there (its
+    score is then only an upper bound of that friction's best)."""
+    rows = [r for r in entry.get("tuning") or [] if r[FRICTION] == friction]
+    finite = [r for r in rows if r["diverged_at"] is None]
+    if len(rows) < 2 or not finite:
+        return False
+    best = min(finite, key=lambda r: r["val_nll"])["lr"]
+    return best in (min(r["lr"] for r in rows), max(r["lr"] for r in rows))
+
+
+def _by_friction(entry: Mapping[str, Any], values: list[float]) -> str:
+    """``a → best val NLL`` (or ``diverged``) for ``values``, increasing; ``*`` marks a
+    friction whose best step sat at an end of its step grid."""
+    best = _best_per_friction(entry)
     return ", ".join(
-        f"{v:g} → " + (f"{best[v]:.4f}" if math.isfinite(best[v]) else "diverged")
+        f"{v:g} → "
+        + (f"{best[v]:.4f}" if math.isfinite(best[v]) else "diverged")
+        + ("*" if _step_at_edge(entry, v) else "")
         for v in sorted(values)
     )
 
@@ -158,14 +173,13 @@ def _friction_table(summary: Mapping[str, Any]) -> list[str]:
         if not grid or len(grid) < 2 or entry.get("error"):
             continue
         tuned = True
-        best = _best_per_friction(entry)
         extensions = entry.get(f"{FRICTION}_extensions") or []
         choice = {True: "interior", False: "grid edge", None: "–"}[
             entry.get(f"{FRICTION}_interior")
         ]
         lines.append(
-            f"| {entry['label']} | {_by_friction(best, grid)} | "
-            f"{_by_friction(best, extensions) or '–'} | "
+            f"| {entry['label']} | {_by_friction(entry, grid)} | "
+            f"{_by_friction(entry, extensions) or '–'} | "
             f"{entry[FRICTION]:g} | {choice} |"
         )
     if not tuned:
@@ -173,8 +187,11 @@ def _friction_table(summary: Mapping[str, Any]) -> list[str]:
     lines += [
         "",
         "The step was tuned at every friction (the step-size table shows the chosen friction's "
-        "runs, tuning.csv all of them); the friction whose best step scored lowest was chosen. "
-        "Extensions as for the step.",
+        "runs, tuning.csv all of them), each friction after the first starting from the step "
+        "grid moved to centre on the best step of the nearest friction tuned before it; the "
+        "friction whose best step scored lowest was chosen. Extensions as for the step; * marks "
+        "a friction whose best step is still at an end of its step grid (its score is an upper "
+        "bound).",
     ]
     return lines
 

@@ -132,7 +132,8 @@ class MethodBenchmark:
             setting.sampler_path,
         )
         grid = self.spec.grid(self.section)
-        self.grid: list[float | None] = grid if grid else [None]  # None: the stored step
+        self.base_grid: list[float | None] = grid if grid else [None]  # None: the stored step
+        self.grid = self.base_grid  # the step grid at the current option value
         self.option_grid = self.spec.option_grid(self.section)  # empty: the fixed value
         self.entry: dict[str, Any] = {"label": self.spec.label, "is_sampler": self.spec.is_sampler}
         self.tuning_rows: list[dict[str, Any]] = []
@@ -142,7 +143,7 @@ class MethodBenchmark:
     @property
     def tuned(self) -> bool:
         """Whether anything is tuned (tuning on and more than one value in a grid)."""
-        return self.setting.cfg.tune.enabled and max(len(self.grid), len(self.option_grid)) > 1
+        return self.setting.cfg.tune.enabled and max(len(self.base_grid), len(self.option_grid)) > 1
 
     @property
     def option_value(self) -> float | None:
@@ -159,7 +160,7 @@ class MethodBenchmark:
                 self._skip(err)
                 return False
         else:  # the first value of each grid, as for the step
-            chosen = self.grid[0]
+            chosen = self.base_grid[0]
             if self.option_grid:
                 self._use_option(self.option_grid[0])
         self._record_choice(chosen)
@@ -203,6 +204,7 @@ class MethodBenchmark:
 
         def best_score(value: float) -> float:
             self._use_option(value)
+            self.grid = self._step_grid_near(value)
             try:
                 tuned = self._tune_step()
             except TuningError:
@@ -212,6 +214,7 @@ class MethodBenchmark:
 
         outer = tune_step_size(best_score, self.option_grid, self.setting.cfg.tune.max_extensions)
         self._use_option(outer.best)
+        self.grid = self.lr_tunings[outer.best].grid
         self.entry.update(
             {
                 f"{option}_grid": outer.grid,
@@ -219,6 +222,17 @@ class MethodBenchmark:
                 f"{option}_interior": outer.interior,
             }
         )
+
+    def _step_grid_near(self, value: float) -> list[float | None]:
+        """The step grid at option value ``value``: the configured grid, moved geometrically so
+        that its middle value is the best step of the nearest value tuned so far (the best step
+        moves with the friction; a grid that stayed put would spend its extensions catching
+        up)."""
+        if len(self.base_grid) < 2 or not self.lr_tunings:
+            return self.base_grid
+        nearest = min(self.lr_tunings, key=lambda v: abs(math.log(v / value)))
+        scale = self.lr_tunings[nearest].best / sorted(self.base_grid)[len(self.base_grid) // 2]
+        return [float(f"{lr * scale:.6g}") for lr in self.base_grid]
 
     def _use_option(self, value: float) -> None:
         """Build the method with its tuned option at ``value`` from now on."""
@@ -251,6 +265,7 @@ class MethodBenchmark:
         }
         if self.spec.tuned_option is not None:
             row[self.spec.tuned_option] = self.option_value
+        row["extension"] = lr not in self.grid
         self.tuning_rows.append(row)
         if result.diverged_at is not None:
             progress.skip(tune.n_steps - result.diverged_at)
@@ -283,7 +298,6 @@ class MethodBenchmark:
         for row in self.tuning_rows:
             row["eta"] = self.make.eta(row["lr"], n_steps)
             row["chosen"] = row["lr"] == chosen and row.get(option) == value
-            row["extension"] = row["lr"] not in self.grid
         entry = self.entry
         entry.update(lr=lr_used, eta=eta, tuning=self.tuning_rows, error=None)
         if option is not None:

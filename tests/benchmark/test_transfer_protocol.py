@@ -312,9 +312,13 @@ def test_friction_grid_tunes_the_step_at_every_friction_and_runs_the_best_pair(t
     rows = entry["tuning"]
     frictions = entry["momentum_decay_grid"] + entry["momentum_decay_extensions"]
     assert sorted({r["momentum_decay"] for r in rows}) == sorted(frictions)
-    for a in frictions:  # the step grid was tuned at each friction
-        assert {0.02, 0.08} <= {r["lr"] for r in rows if r["momentum_decay"] == a}
     finite = [r for r in rows if r["diverged_at"] is None]
+    steps_at = {a: [r["lr"] for r in rows if r["momentum_decay"] == a] for a in frictions}
+    assert {0.02, 0.08} <= set(steps_at[0.01])  # the configured grid at the first friction
+    for i, a in enumerate(frictions[1:], 1):  # later ones start at the nearest one's best step
+        nearest = min(frictions[:i], key=lambda b: abs(math.log(b / a)))
+        scores = [(r["val_nll"], r["lr"]) for r in finite if r["momentum_decay"] == nearest]
+        assert min(scores)[1] in steps_at[a] and len(steps_at[a]) >= 2
     best = min(finite, key=lambda r: r["val_nll"])
     assert (entry["momentum_decay"], entry["lr"]) == (best["momentum_decay"], best["lr"])
     assert [r["chosen"] for r in rows].count(True) == 1 and best["chosen"]
@@ -370,6 +374,9 @@ def test_friction_grid_is_extended_until_the_chosen_friction_is_interior(tmp_pat
     assert entry["momentum_decay"] == pytest.approx(0.27) and entry["momentum_decay_interior"]
     assert entry["lr"] == pytest.approx(0.04)  # the step nearest 0.2 x 0.27 at that friction
     assert entry["tuning_interior"] is True
+    # the step grid follows the friction: at 0.81 it starts centred on 0.27's best step
+    at_081 = [r["lr"] for r in entry["tuning"] if r["momentum_decay"] == pytest.approx(0.81)]
+    assert at_081[:3] == pytest.approx([0.02, 0.04, 0.08])
 
     # an initial grid alone ends on its edge and says so
     summary = _friction_benchmark(
