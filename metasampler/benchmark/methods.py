@@ -38,6 +38,7 @@ from ..schedules import CyclicalCosine
 from ..stepsize import resolve_eta
 
 __all__ = [
+    "FRICTION",
     "METHODS",
     "AdamMethod",
     "BuildContext",

@@ -186,15 +186,7 @@ class MethodBenchmark:
         return tuned.best
 
     def _tune_step(self) -> TuneResult:
-        """The step tuned at the current option value (one scoring run for a one-value grid,
-        when only the option is tuned)."""
-        if len(self.grid) == 1:
-            lr = self.grid[0]
-            try:
-                score = self._objective(lr)
-            except NonFiniteError:
-                score = math.inf
-            return TuneResult(lr, [(lr, score)], grid=[lr])
+        """The step tuned at the current option value."""
         return tune_step_size(self._objective, self.grid, self.setting.cfg.tune.max_extensions)
 
     def _tune_option(self) -> None:
@@ -205,6 +197,12 @@ class MethodBenchmark:
         def best_score(value: float) -> float:
             self._use_option(value)
             self.grid = self._step_grid_near(value)
+            if len(self.grid) == 1:  # only the option is tuned: one run scores it (a
+                score = self._objective(self.grid[0])  # NonFiniteError scores inf, outside)
+                self.lr_tunings[value] = TuneResult(
+                    self.grid[0], [(self.grid[0], score)], grid=self.grid
+                )
+                return score
             try:
                 tuned = self._tune_step()
             except TuningError:

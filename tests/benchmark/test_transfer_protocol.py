@@ -405,3 +405,17 @@ def test_without_tuning_a_friction_grid_runs_its_first_value(tmp_path):
     )
     entry = summary["methods"]["sghmc"]
     assert (entry["lr"], entry["momentum_decay"]) == (0.02, 0.05) and entry["tuning"] == []
+
+
+def test_a_friction_grid_with_one_step_tunes_the_friction_alone(tmp_path):
+    summary = _friction_benchmark(
+        tmp_path,
+        "methods.sghmc.lr_grid=[0.05]",
+        "methods.sghmc.momentum_decay_grid=[0.01, 0.1, 1.0]",
+    )
+    entry = summary["methods"]["sghmc"]
+    assert entry["lr"] == 0.05 and entry["tuning_grid"] == [0.05]
+    rows = entry["tuning"]
+    assert {r["lr"] for r in rows} == {0.05} and len(rows) >= 3  # one run per friction
+    finite = [r for r in rows if r["diverged_at"] is None]
+    assert entry["momentum_decay"] == min(finite, key=lambda r: r["val_nll"])["momentum_decay"]
