@@ -134,7 +134,12 @@ class NNSGHMCArgs:
         (40,), "hidden widths of ``f_phiD``.", check="widths", section=ARCHITECTURE
     )
     activation: str = _arg(
-        "tanh", "hidden activation of both nets.", check=Activation, section=ARCHITECTURE
+        "softsign",
+        "hidden activation of both nets; ``softsign`` ``a / (1 + |a|)`` costs about half "
+        "tanh's arithmetic per unit (``BENCHMARKS.md``; the default was ``tanh`` until "
+        "session 17, and every sampler file records its own).",
+        check=Activation,
+        section=ARCHITECTURE,
     )
     d_output: str = _arg("softplus", "keeps ``f_phiD >= 0``.", check=DOutput, section=ARCHITECTURE)
     q_momentum_input: bool = _arg(

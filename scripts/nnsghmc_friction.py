@@ -67,6 +67,7 @@ def build_sampler(args: argparse.Namespace, cfg, problem):
         n_data=n,
         n_steps=args.n_steps,
         sampler_path=args.sampler or cfg.sampler_path,
+        device=str(problem.target.device),
     )
     sampler.d_output_scale *= args.d_scale
     warmup = min(cfg.budget.warmup_steps, args.n_steps)

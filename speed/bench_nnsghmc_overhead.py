@@ -14,15 +14,17 @@ round's SGHMC block time.
   without the momentum input, so one net per coordinate instead of three), the 0-4 sampler
   with the stiffness input (``mnist_mlp_0to4_stiffness``: ``Q_f(U, s_i)``, two nets per
   coordinate), ``mnist_mlp_stiffness_softsign`` (the same layout, trained on all digits with
-  ``softsign`` units), default ``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` nets, and untrained nets
-  of 10 and 40 units with the ``softsign`` activation ``a / (1 + |a|)`` (one division per
-  unit instead of tanh's rational form of eleven coefficients). The warm-up
+  ``softsign`` units), and untrained nets of 10 and 40 units (``NNSGHMC(q_hidden=(40,),
+  d_hidden=(40,))`` is the default) with the ``softsign`` activation ``a / (1 + |a|)`` (one
+  division per unit; the default activation since session 17) and 40 units with ``tanh``
+  (its rational form of eleven coefficients; the default before). The warm-up
   waits for the background compiles, so the timed steps are the steady state.
 * ``meta``: one unrolled meta-training window (W = 5 steps with autograd, then the backward
   of a loss on the final state) per block, divided by W, against an SGHMC sampling step:
   784-20-10 MLP (D = 15,910), K = 20, batch 500, 10-unit nets; and the 20-D toy Gaussian,
-  K = 50, 40-unit nets. Variants: the default (autograd through the step function), the
-  recomputing backward (``step_path="recompute"``) and ``torch.compile`` with autograd
+  K = 50, 40-unit nets; tanh units unless the row says softsign. Variants: the default
+  (autograd through the step function), the recomputing backward
+  (``step_path="recompute"``) and ``torch.compile`` with autograd
   (``step_path="compiled"``, what ``train.compile_steps`` selects; its compile falls in the
   untimed warm-up round); the last two again with the energy-only curl ``Q_f(U)``
   (``q_momentum_input=False``, as ``configs/mnist_mlp_transfer.yaml`` trains), and the
@@ -70,7 +72,7 @@ STIFFNESS = ROOT / "pretrained" / "mnist_mlp_0to4_stiffness.safetensors"  # Q_f(
 SOFTSIGN = ROOT / "pretrained" / "mnist_mlp_stiffness_softsign.safetensors"  # the same, softsign
 
 
-def mlp_target(hidden: tuple[int, ...], n_chains: int = 20):
+def mlp_target(hidden: tuple[int, ...], n_chains: int = 20, device: str = "cpu"):
     torch.manual_seed(0)
     widths = [784, *hidden, 10]
     layers: list[nn.Module] = []
@@ -79,8 +81,9 @@ def mlp_target(hidden: tuple[int, ...], n_chains: int = 20):
     g = torch.Generator().manual_seed(0)
     x = torch.rand(5000, 784, generator=g)
     y = torch.randint(0, 10, (5000,), generator=g)
-    target = BayesianModel(nn.Sequential(*layers[:-1]), (x, y), "categorical", batch_size=500)
-    return target, target.init_positions(n_chains, g)
+    module = nn.Sequential(*layers[:-1])
+    target = BayesianModel(module, (x, y), "categorical", batch_size=500, device=device)
+    return target, target.init_positions(n_chains, g).to(device)
 
 
 def sampling_variants() -> dict:
@@ -107,10 +110,10 @@ def sampling_variants() -> dict:
         "mnist_mlp_stiffness_softsign exact": load_sampler(SOFTSIGN),
         "10-unit softsign exact": built[10, "softsign", "exact"],
         "10-unit softsign FD": built[10, "softsign", "finite_difference"],
-        "40-unit exact": built[40, "tanh", "exact"],
-        "40-unit FD": built[40, "tanh", "finite_difference"],
-        "40-unit softsign exact": built[40, "softsign", "exact"],
-        "40-unit softsign FD": built[40, "softsign", "finite_difference"],
+        "40-unit tanh exact": built[40, "tanh", "exact"],
+        "40-unit tanh FD": built[40, "tanh", "finite_difference"],
+        "40-unit softsign (default) exact": built[40, "softsign", "exact"],
+        "40-unit softsign (default) FD": built[40, "softsign", "finite_difference"],
     }
 
 

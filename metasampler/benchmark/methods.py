@@ -189,11 +189,13 @@ class BuildContext:
         n_data: ``N`` of the training set (converts ``momentum_decay`` into a friction).
         n_steps: planned run length (cyclical schedules).
         sampler_path: the NNSGHMC file.
+        device: where the chains run (a loaded NNSGHMC's nets are moved there).
     """
 
     n_data: int
     n_steps: int
     sampler_path: str | os.PathLike | None = None
+    device: str = "cpu"
 
 
 Builder = Callable[[Mapping[str, Any], Any, BuildContext], Sampler]
@@ -216,7 +218,8 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
     if ctx.sampler_path is None:
         raise ValueError("nnsghmc needs a sampler file (sampler_path or --sampler)")
     gamma = options.get("gamma")
-    sampler = load_sampler(ctx.sampler_path, lr=lr, gamma=getattr(gamma, "value", gamma))
+    gamma = getattr(gamma, "value", gamma)
+    sampler = load_sampler(ctx.sampler_path, lr=lr, gamma=gamma, device=ctx.device)
     sampler.use_compile = options["compile"]
     return sampler
 
@@ -367,6 +370,7 @@ def build_method(
     n_data: int,
     n_steps: int,
     sampler_path: str | os.PathLike | None = None,
+    device: str = "cpu",
 ) -> Sampler:
     """The sampler of method ``key`` at per-batch learning rate ``lr``.
 
@@ -379,6 +383,7 @@ def build_method(
         n_data: ``N`` of the training set (converts ``momentum_decay`` into a friction).
         n_steps: planned run length (cyclical schedules).
         sampler_path: the NNSGHMC file.
+        device: where the chains will run (a loaded NNSGHMC's nets are moved there).
     """
     if key not in METHODS:
         raise ValueError(f"unknown method {key!r}; known: {sorted(METHODS)}")
@@ -386,7 +391,7 @@ def build_method(
     if lr is None and not spec.stored_step:
         raise ValueError(f"method {key!r} needs a learning rate")
     options = {**asdict(spec.schema()), **options}
-    return spec.build(options, lr, BuildContext(n_data, n_steps, sampler_path))
+    return spec.build(options, lr, BuildContext(n_data, n_steps, sampler_path, str(device)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ class MethodFactory:
         n_data: ``N`` of the training set.
         warmup_steps, warmup_lr_factor: the warm-up phase (``budget.warmup_*``).
         sampler_path: the NNSGHMC file.
+        device: where the chains run (the config's ``device``).
     """
 
     key: str
@@ -82,6 +83,7 @@ class MethodFactory:
     warmup_steps: int = 0
     warmup_lr_factor: float = 1.0
     sampler_path: str | os.PathLike | None = None
+    device: str = "cpu"
 
     @property
     def spec(self) -> MethodSpec:
@@ -98,6 +100,7 @@ class MethodFactory:
             n_data=self.n_data,
             n_steps=n_steps,
             sampler_path=self.sampler_path,
+            device=self.device,
         )
         warmup = min(self.warmup_steps, n_steps)
         eta_warmup = apply_warmup(sampler, warmup, self.warmup_lr_factor, self.n_data)

@@ -130,6 +130,7 @@ class MethodBenchmark:
             cfg.budget.warmup_steps,
             cfg.budget.warmup_lr_factor,
             setting.sampler_path,
+            str(setting.problem.target.device),
         )
         grid = self.spec.grid(self.section)
         self.base_grid: list[float | None] = grid if grid else [None]  # None: the stored step

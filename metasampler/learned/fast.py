@@ -3,15 +3,20 @@
 The step is one pure, element-wise function of the coordinates
 (:func:`metasampler.learned.equations.nnsghmc_update`). This module only decides how to run it:
 
-* **compiled** (sampling, the default where the machine allows it): that function exported
-  and compiled by AOTInductor into one fused loop over the coordinates
+* **compiled** (sampling on CPU, the default where a C++ compiler exists): that function
+  exported and compiled by AOTInductor into one fused loop over the coordinates
   (:mod:`metasampler.learned.aot`). The first use of a configuration builds it in a child
   process while the eager form runs, and uses it from the step after it is ready, so a
   user's first step never waits for the compiler; later processes load the cached build at
-  once. Without a C++ compiler (CPU) or triton (CUDA) the eager form runs, after a one-line
-  notice. The switch changes results at float-rounding level at a step that depends on the
-  machine; for bit-reproducible runs pass ``compile=True`` (wait for it) or ``False``, or set
-  the environment variable ``METASAMPLER_COMPILE`` to ``1`` or ``0``.
+  once. Without a C++ compiler the eager form runs, after a one-line notice. The switch
+  changes results at float-rounding level at a step that depends on the machine; for
+  bit-reproducible runs pass ``compile=True`` (wait for it) or ``False``, or set the
+  environment variable ``METASAMPLER_COMPILE`` to ``1`` or ``0``.
+* **compiled in process** (``compile=True`` on a GPU, and meta-training's
+  ``train.compile_steps``): ``torch.compile`` of the same function in this process; the
+  first step waits for the compile. On a GPU the eager form is the default (after the
+  notice): the ahead-of-time package crashed the process at its first call on CUDA (H200,
+  torch 2.11, ``speed/device_check.py``).
 * **blocks** (sampling, eager): the function on blocks of columns whose ``(H, K, cols)``
   hidden activations stay in cache; same values as one call.
 * **recompute** (``step_path="recompute"``, grad enabled): a
@@ -20,9 +25,8 @@ The step is one pure, element-wise function of the coordinates
   once, so no ``(H, K, D)`` activation of any step is stored across an unroll. It saves
   memory, not time (measured in ``BENCHMARKS.md``), so meta-training uses **plain** by
   default.
-* **compiled training** (grad enabled, ``compile=True``; meta-training's
-  ``train.compile_steps``): ``torch.compile`` of the same function with autograd, so
-  inductor fuses its forward and backward; the first step waits for the compile.
+* **compiled training** (grad enabled, ``compile=True``): the in-process compile with
+  autograd, so inductor fuses the step's forward and backward.
 * **plain**: the function called directly, with autograd when it records (meta-training's
   default): the reference.
 """
@@ -48,6 +52,10 @@ PATHS = ("auto", "plain", "blocks", "recompute", "compiled")
 # A block holds about this many coordinates (x hidden units per intermediate): ~0.6 MB of
 # float32 per (H, K, cols) tensor for 10 hidden units, which stays in a core's L2 cache.
 _BLOCK_COORDS = 1 << 14
+# On a GPU every operation is a kernel launch and the activations fit in its memory, so a block
+# is as large as memory allows: small blocks made the eager step on the MNIST MLP 17x an
+# SGHMC step on an H200 (speed/device_check.py); 4M coordinates x 40 units is 0.7 GB a tensor.
+_GPU_BLOCK_COORDS = 1 << 22
 # The first entries of `_flatten`'s list: theta, p, grad, prior_grad, u, noise, cache x 4,
 # stiffness.
 _N_COORDS = 11
@@ -55,7 +63,8 @@ _N_COORDS = 11
 
 def _column_blocks(args: StepArgs) -> list[slice]:
     rows, width = args.p.shape[0], args.p.shape[-1]
-    cols = max(1, _BLOCK_COORDS // max(rows, 1))
+    per_block = _BLOCK_COORDS if args.p.device.type == "cpu" else _GPU_BLOCK_COORDS
+    cols = max(1, per_block // max(rows, 1))
     return [slice(c, min(width, c + cols)) for c in range(0, width, cols)]
 
 
@@ -195,18 +204,20 @@ def compile_unavailable(device: torch.device) -> str | None:
     return f"no torch.compile backend for device {device.type!r}"
 
 
-_TRAINING: dict[aot.KernelSpec, Callable] = {}
+_IN_PROCESS: dict[aot.KernelSpec, Callable] = {}
 
 
-def run_compiled_training(args: StepArgs) -> tuple:
-    """:func:`nnsghmc_update` through ``torch.compile`` with autograd recording: inductor
-    fuses the forward and the backward of the step into loops over the coordinates. Shapes
-    are static (they do not change during meta-training); the first call waits for the
+def run_compiled_in_process(args: StepArgs) -> tuple:
+    """:func:`nnsghmc_update` through ``torch.compile`` in this process: with autograd
+    recording (meta-training) inductor fuses the forward and the backward of the step into
+    loops over the coordinates; under ``torch.no_grad()`` (sampling on a GPU, where the
+    ahead-of-time package is not used) the nets' units are unrolled into one fused kernel.
+    Shapes are static (they do not change during a run); the first call waits for the
     compile (minutes: ``BENCHMARKS.md``)."""
     spec = aot.KernelSpec.of(args)
-    fn = _TRAINING.get(spec)
+    fn = _IN_PROCESS.get(spec)
     if fn is None:
-        fn = _TRAINING[spec] = torch.compile(_entry(spec), dynamic=False, fullgraph=True)
+        fn = _IN_PROCESS[spec] = torch.compile(_entry(spec), dynamic=False, fullgraph=True)
     return aot.call_flat(fn, args, spec)
 
 
@@ -255,22 +266,25 @@ def run(args: StepArgs, sampler: Any) -> tuple:
     use = sampler.use_compile
     if use is None and os.environ.get("METASAMPLER_COMPILE") in ("0", "1"):
         use = os.environ["METASAMPLER_COMPILE"] == "1"
-    if recording:
-        # Meta-training: compiled only when asked (`compile=True`, train.compile_steps), as
-        # the compile takes minutes; the first finite-difference step (no history) stays
-        # plain. Measured (speed/bench_nnsghmc_overhead.py): in eager mode the recomputing
-        # backward costs more time than it saves memory traffic, so the default is plain.
-        first_fd = args.cfg.gamma == "finite_difference" and args.cache is None
-        if (path == "compiled" or use is True) and not first_fd:
-            if compile_unavailable(args.p.device) is None:
-                return run_compiled_training(args)
-        return nnsghmc_update(*args)
-    if path == "compiled" or (path == "auto" and use is not False):
-        reason = compile_unavailable(args.p.device)
-        if reason is None:
-            out = aot.run(args, wait=path == "compiled" or use is True)
-            if out is not None:
-                return out
-        elif use is None:
-            _notice(reason)
+    asked = path == "compiled" or use is True
+    # The first finite-difference step (no history) is not worth a compile of its own.
+    first_fd = args.cfg.gamma == "finite_difference" and args.cache is None
+    reason = compile_unavailable(args.p.device)
+    if recording or args.p.device.type != "cpu":
+        # Compiled in this process, only when asked, as the compile takes minutes: for
+        # meta-training (`compile=True`, train.compile_steps; measured in eager mode, the
+        # recomputing backward costs more time than it saves memory traffic, so the
+        # default is plain) and for sampling on a GPU, where the ahead-of-time package
+        # crashed the process at its first call (H200, torch 2.11; speed/device_check.py).
+        if asked and reason is None and not first_fd:
+            return run_compiled_in_process(args)
+        if recording:
+            return nnsghmc_update(*args)
+        reason = reason or "on a GPU the step is compiled in this process: pass compile=True"
+    elif reason is None and (asked or (path == "auto" and use is not False)):
+        out = aot.run(args, wait=asked)
+        if out is not None:
+            return out
+    if reason and use is None and path == "auto":
+        _notice(reason)
     return run_blocks(args)

@@ -89,7 +89,7 @@ def _activate(name: str, a: Tensor, slope: bool) -> tuple[Tensor, Tensor | None]
     if name == "softplus":
         return nn.functional.softplus(a), torch.sigmoid(a) if slope else None
     if name == "softsign":  # a / (1 + |a|): tanh's shape from one division (#12)
-        r = 1.0 / (1.0 + a.abs())
+        r = torch.reciprocal(a.abs() + 1.0)  # (1 / x compiles to a reciprocal times 1)
         return a * r, r * r if slope else None
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
 
@@ -141,13 +141,23 @@ def coordinate_mlp(
         for f, x in enumerate(inputs):
             a = a + column(weight[units, f]) * x
         h, s = _activate(activation, a, slope)
-        tangents = [s * column(weight[units, f]) for f in derivatives]
+        if len(layers) == 1:
+            # d value / d x_f = sum_j w_out_j s_j W_jf: the weights' product is taken once
+            # (a scalar per unit), one (K, D) product fewer per unit and derivative.
+            value = value + (h * column(w_out[units])).sum(0)
+            grads = [
+                total + (s * column(weight[units, f] * w_out[units])).sum(0)
+                for total, f in zip(grads, derivatives, strict=True)
+            ]
+            continue
+        tangents = [s * column(weight[:, f]) for f in derivatives]
         for deeper, deeper_bias in layers[1:]:  # (H', H) x (H, ...) -> (H', ...)
             h, s = _activate(activation, torch.tensordot(deeper, h, 1) + column(deeper_bias), slope)
             tangents = [s * torch.tensordot(deeper, t, 1) for t in tangents]
-        head = column(w_out if len(layers) > 1 else w_out[units])
-        value = value + (h * head).sum(0)
-        grads = [total + (t * head).sum(0) for total, t in zip(grads, tangents, strict=True)]
+        value = value + (h * column(w_out)).sum(0)
+        grads = [
+            total + (t * column(w_out)).sum(0) for total, t in zip(grads, tangents, strict=True)
+        ]
     if output == "softplus":
         if slope:
             grads = [torch.sigmoid(value) * g for g in grads]
@@ -176,7 +186,7 @@ class CoordinateMLP(nn.Module):
         self,
         in_features: int,
         hidden: Sequence[int] = (40,),
-        activation: str = "tanh",
+        activation: str = "softsign",
         output: str = "identity",
     ) -> None:
         super().__init__()

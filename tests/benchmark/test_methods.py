@@ -112,3 +112,24 @@ def test_a_learned_method_alone_still_needs_the_sampler_file():
     cfg = load_benchmark_config(None, overrides)
     with pytest.raises(evaluate._Stop, match="methods.cnnsghmc is enabled but no sampler file"):
         evaluate._sampler_path(cfg, None)
+
+
+def test_the_loaded_sampler_goes_to_the_chains_device(monkeypatch):
+    # evaluate.py with device=cuda loaded the NNSGHMC file onto the CPU, and its first step
+    # refused chains on the GPU (found on a GPU machine, session 17): the factory of a
+    # benchmark run passes the config's device on to load_sampler.
+    from metasampler.benchmark import methods
+    from metasampler.benchmark.protocol import MethodFactory
+
+    asked = []
+    real_load = methods.load_sampler
+
+    def load_on_cpu(path, **kwargs):
+        asked.append(kwargs["device"])
+        return real_load(path, **{**kwargs, "device": "cpu"})  # (no GPU here)
+
+    monkeypatch.setattr(methods, "load_sampler", load_on_cpu)
+    make = MethodFactory("nnsghmc", {}, 100, sampler_path="pretrained/mnist_mlp.safetensors",
+                         device="cuda:1")  # fmt: skip
+    assert make(0.01, 10).lr == 0.01
+    assert asked == ["cuda:1"]

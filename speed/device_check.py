@@ -1,0 +1,277 @@
+"""Device check: NNSGHMC's step paths, stationarity and speed on an accelerator.
+
+CI and the test suite run on CPU only; this script is what runs on a machine with a CUDA GPU
+(``device=cuda`` in every config). Each check prints ``PASS`` or ``FAIL``; the exit status is
+1 if any failed.
+
+1. ``paths``: 30 noise-free steps (temperature 0) of state-dependent nets on the device, by
+   the eager step, the blocked step and the step compiled ahead of time, against the same
+   steps in float64 on the CPU (one- and two-hidden-layer nets, exact and finite-difference
+   Gamma, the momentum, energy-only and stiffness curls, softsign units); and the
+   meta-gradient of a 5-step unroll through the step compiled with autograd against plain
+   autograd, both on the device in float64.
+2. ``stationarity``: the test suite's check of state-dependent nets on its 5-D Gaussian, with
+   20,000 chains on the device: the moments match with exact and finite-difference Gamma, and
+   do not without Gamma.
+3. ``speed``: ms per step and ratio to SGHMC on the 784-40-40-10 MLP of
+   ``bench_nnsghmc_overhead.py`` (batch 500; K = 20 and K = 200), interleaved rounds, each
+   block ended by a device synchronisation.
+
+Usage (on the GPU machine, from the repository root)::
+
+    python speed/device_check.py --device cuda            # all three parts
+    python speed/device_check.py --device cpu --quick     # smoke run of the script itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "speed")]
+
+from bench_nnsghmc_overhead import SOFTSIGN, mlp_target  # noqa: E402
+from statistical import check_moments, moments, random_gaussian, run_chains  # noqa: E402
+
+from metasampler.export import load_sampler  # noqa: E402
+from metasampler.learned import NNSGHMC, fast  # noqa: E402
+from metasampler.samplers import SGHMC  # noqa: E402
+
+FAILED: list[str] = []
+GAMMAS = ("exact", "finite_difference", "none")
+
+# (hidden widths, gamma, NNSGHMC keyword arguments) of the path check
+PATH_CASES = [
+    ((6,), "exact", dict(q_momentum_input=True)),
+    ((6,), "finite_difference", dict(q_momentum_input=True)),
+    ((5, 4), "exact", dict(q_momentum_input=True)),
+    ((6,), "exact", dict(q_momentum_input=False, q_stiffness_input=True, activation="softsign")),
+]
+
+
+def report(name: str, ok: bool, detail: str) -> None:
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    if not ok:
+        FAILED.append(name)
+
+
+def random_nets(hidden, gamma: str, scale: float = 2.0, **kwargs) -> NNSGHMC:
+    """Random nets whose outputs vary strongly with their inputs (so Gamma matters)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sampler = NNSGHMC(q_hidden=hidden, d_hidden=hidden, gamma=gamma, seed=1, **kwargs)
+    with torch.no_grad():
+        for p in sampler.parameters():
+            p.mul_(scale)
+    sampler.momentum_std.fill_(1.3)
+    return sampler
+
+
+def trajectory(sampler, path: str, target, init, n_steps: int, grad: bool = False):
+    sampler.step_path = path
+    gen = torch.Generator(device=init.device).manual_seed(2)
+    with torch.set_grad_enabled(grad):
+        state = sampler.init(init.clone(), target, gen)
+        for _ in range(n_steps):
+            state = sampler.step(state, target, gen)
+    return state
+
+
+PATH_BASE = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, temperature=0.0)
+
+
+def start_builds(device: torch.device, parts: list[str]) -> None:
+    """On the CPU, two steps of every compiled configuration the parts use, by the default
+    path: each starts its build in a child process, so all of them compile at once (a GPU
+    compiles in process, when a step asks for it)."""
+    if device.type != "cpu":
+        return
+    case = random_gaussian(dim=5)
+    init = torch.randn(8, 5, generator=torch.Generator().manual_seed(1)).to(device)
+    runs = []
+    if "paths" in parts:
+        runs += [random_nets(h, g, **PATH_BASE, **extra) for h, g, extra in PATH_CASES]
+    if "stationarity" in parts:
+        runs += [random_nets((16,), g, eta=0.03, beta_off=1.0, c=0.2) for g in GAMMAS]
+    for sampler in runs:
+        trajectory(sampler.to(device), "auto", case.target(), init, 2)
+    if "speed" in parts:
+        target, init = mlp_target((40, 40), 20, device=str(device))
+        for sampler in speed_variants().values():
+            if isinstance(sampler, NNSGHMC):
+                sampler.use_compile = None  # (a background build; True would wait for it)
+                trajectory(sampler.to(device), "auto", target, init, 2)
+
+
+def check_paths(device: torch.device) -> None:
+    case = random_gaussian(dim=5)
+    target = case.target()
+    init64 = torch.randn(8, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    init = init64.float().to(device)
+    fast.wait_for_compiles()
+    for hidden, gamma, extra in PATH_CASES:
+        kwargs = {**PATH_BASE, **extra}
+        name = f"paths {hidden} {gamma} {sorted(extra.items())}"
+        ref = trajectory(random_nets(hidden, gamma, **kwargs).double(), "plain", target, init64, 30)
+        for path in ("plain", "blocks", "compiled"):
+            sampler = random_nets(hidden, gamma, compile=path == "compiled", **kwargs).to(device)
+            try:
+                got = trajectory(sampler, path, target, init, 30)
+                err = float((got.theta.double().cpu() - ref.theta).abs().max())
+                report(f"{name} {path}", err < 2e-3, f"max |theta - float64 CPU| = {err:.1e}")
+            except Exception as exc:  # noqa: BLE001 (a check reports every failure)
+                report(f"{name} {path}", False, f"{type(exc).__name__}: {exc}")
+    # meta-gradient: compiled with autograd against plain autograd, float64 on the device
+    init = init64.to(device)
+    for hidden, gamma, extra in PATH_CASES[:2]:
+        kwargs = dict(eta=0.05, beta_off=0.5, alpha=0.2, c=0.1, **extra)
+        sampler = random_nets(hidden, gamma, **kwargs).double().to(device)
+
+        def meta_gradient(path: str, sampler=sampler):
+            state = trajectory(sampler, path, target, init, 5, grad=True)
+            loss = (state.theta**2).mean() + (state.momentum**3).mean()
+            return torch.autograd.grad(loss, list(sampler.parameters()))
+
+        name = f"meta-gradient {hidden} {gamma} {sorted(extra.items())}"
+        try:
+            expected, got = meta_gradient("plain"), meta_gradient("compiled")
+            err = max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True))
+            size = max(float(e.abs().max()) for e in expected)
+            report(name, err <= 1e-9 * size + 1e-12, f"max error {err:.1e} (largest {size:.2e})")
+        except Exception as exc:  # noqa: BLE001
+            report(name, False, f"{type(exc).__name__}: {exc}")
+
+
+def check_stationarity(device: torch.device, n_chains: int) -> None:
+    case = random_gaussian(dim=5)
+    target = case.target()
+    errors = {}
+    for gamma in GAMMAS:
+        sampler = random_nets((16,), gamma, scale=2.5, eta=0.03, beta_off=1.0, c=0.2).to(device)
+        t0 = time.perf_counter()
+        init = torch.randn(n_chains, 5, generator=torch.Generator().manual_seed(0)).to(device)
+        kept = run_chains(sampler, target, n_chains, 1200, burn_in=300, thin=5, seed=0, init=init)
+        got = moments(kept.theta, case.mean, case.cov)
+        errors[gamma] = got.max_var_error
+        try:  # the test suite's tolerances (tests/learned/test_nnsghmc.py)
+            check_moments(kept.theta, case.mean, case.cov, mean_atol=0.05, var_rtol=0.07)
+            matched = True
+        except AssertionError:
+            matched = False
+        seconds = time.perf_counter() - t0
+        if gamma == "none":  # the same nets without Gamma must fail the check
+            report(f"stationarity without Gamma is biased ({device})", not matched, f"{got}")
+        else:
+            report(f"stationarity {gamma} ({device})", matched, f"{got} ({seconds:.0f} s)")
+    print(f"largest variance errors: {errors}")
+
+
+def speed_variants() -> dict:
+    """SGHMC, the shipped softsign sampler as loaded (no flags), eager and with
+    ``compile=True``, and untrained 40-unit nets with ``compile=True``."""
+    lr = 0.007
+    eta = (lr / 5000) ** 0.5
+
+    def nets(act: str, gamma: str) -> NNSGHMC:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return NNSGHMC(lr=lr, gamma=gamma, beta_off=1.0, c=1.0, activation=act,
+                           q_hidden=(40,), d_hidden=(40,), compile=True)  # fmt: skip
+
+    variants = {
+        "SGHMC": SGHMC(eta=eta, friction=1.0),
+        "mnist_mlp_stiffness_softsign, no flags": load_sampler(SOFTSIGN),
+        "mnist_mlp_stiffness_softsign, eager": load_sampler(SOFTSIGN),
+        "mnist_mlp_stiffness_softsign, compile=True": load_sampler(SOFTSIGN),
+        "40-unit softsign exact, compile=True": nets("softsign", "exact"),
+        "40-unit softsign FD, compile=True": nets("softsign", "finite_difference"),
+        "40-unit tanh exact, compile=True": nets("tanh", "exact"),
+    }
+    variants["mnist_mlp_stiffness_softsign, eager"].use_compile = False
+    variants["mnist_mlp_stiffness_softsign, compile=True"].use_compile = True
+    return variants
+
+
+def check_speed(
+    device: torch.device, chains: list[int], rounds: int, steps: int, eager: bool = False
+) -> None:
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    samplers = speed_variants()
+    if eager:  # no compile: the shipped sampler and the 40-unit softsign nets, eager
+        samplers = {
+            k.removesuffix(", compile=True"): v
+            for k, v in samplers.items()
+            if k.startswith(("SGHMC", "40-unit softsign")) or k.endswith("eager")
+        }
+        for sampler in samplers.values():
+            sampler.use_compile = False
+    for s in samplers.values():
+        if isinstance(s, NNSGHMC):
+            s.to(device)
+    for n_chains in chains:
+        target, init = mlp_target((40, 40), n_chains, device=str(device))
+        gens = {name: torch.Generator(device=device).manual_seed(1) for name in samplers}
+        times: dict[str, list[float]] = {name: [] for name in samplers}
+        with torch.no_grad():
+            states = {n: s.init(init.clone(), target, gens[n]) for n, s in samplers.items()}
+            for name, s in samplers.items():  # warm-up: the compiles
+                for _ in range(3):
+                    states[name] = s.step(states[name], target, gens[name])
+            fast.wait_for_compiles()
+            for rnd in range(rounds + 1):
+                for name, s in samplers.items():
+                    state = states[name]
+                    sync()
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        state = s.step(state, target, gens[name])
+                    sync()
+                    if rnd > 0:  # round 0 runs each compiled step once after its load
+                        times[name].append((time.perf_counter() - t0) / steps * 1e3)
+                    states[name] = state
+        ref = times["SGHMC"]
+        print(f"\nspeed on {device}, 784-40-40-10 MLP, K = {n_chains}, batch 500 "
+              f"({rounds} rounds x {steps} steps)")  # fmt: skip
+        print("| variant | ms/step | ratio to SGHMC |\n|---|---:|---:|")
+        for name, t in times.items():
+            ratio = statistics.median(a / b for a, b in zip(t, ref, strict=True))
+            print(f"| {name} | {statistics.median(t):.2f} | {ratio:.2f}x |")
+        finite = all(torch.isfinite(st.theta).all() for st in states.values())
+        report(f"speed run K = {n_chains} stayed finite", bool(finite), "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--parts", nargs="+", default=["paths", "stationarity", "speed"])
+    parser.add_argument("--quick", action="store_true", help="few chains, rounds and steps")
+    parser.add_argument("--eager", action="store_true", help="speed: no compiled variants")
+    parser.add_argument("--chains", type=int, nargs="+", default=None, help="speed: the Ks")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
+    print(f"torch {torch.__version__}, device {device} ({name})")
+    reason = fast.compile_unavailable(device)
+    print(f"compiled step: {'available' if reason is None else reason}", flush=True)
+    start_builds(device, args.parts)
+    if "paths" in args.parts:
+        check_paths(device)
+    if "stationarity" in args.parts:
+        check_stationarity(device, 1000 if args.quick else 20_000)
+    if "speed" in args.parts:
+        chains = args.chains or ([20] if args.quick else [20, 200])
+        check_speed(device, chains, 2 if args.quick else 5, 3 if args.quick else 20, args.eager)
+    print(f"\n{len(FAILED)} check(s) failed: {FAILED}" if FAILED else "\nall checks passed")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
