@@ -82,6 +82,10 @@ class TuneConfig:
     # the ratio of the two values nearest it) and tune again, at most this many times; the
     # results report the initial grid, the extensions and whether the choice is interior.
     max_extensions: int = 4
+    # > 0: also extend past an end of the grid that scores within this fraction of the best
+    # (one run per value is a noisy score: a bump next to the best can hide a better value
+    # beyond it; session 17). The extensions' cap is the same.
+    edge_tolerance: float = 0.0
 
 
 #: Every method the benchmark knows, one section per entry of the registry (its schema);
@@ -159,6 +163,9 @@ def _check_ranges(cfg: DictConfig) -> None:
     for key in _BENCH_NON_NEGATIVE_INT:
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {_get(cfg, key)!r}")
+    tolerance = cfg.tune.edge_tolerance
+    if not (tolerance >= 0 and math.isfinite(tolerance)):
+        raise ConfigError(f"tune.edge_tolerance must be a finite number >= 0, got {tolerance!r}")
     check_run_placement(cfg)
     if not cfg.seeds:
         raise ConfigError("seeds must be a non-empty list of ints")

@@ -212,6 +212,15 @@ def _at_chosen_friction(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [r for r in rows if r.get(FRICTION, entry[FRICTION]) == entry[FRICTION]]
 
 
+def _near_tie_note(edge_tolerance: float) -> str:
+    if not edge_tolerance:
+        return ""
+    return (
+        f" An end scoring within {edge_tolerance:g} of the best (relative) was extended past "
+        "too (a near-tie: one run per value is a noisy score)."
+    )
+
+
 def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
     lines = [
         "",
@@ -243,6 +252,7 @@ def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
         "extensions: while the best value sat at an end of the grid, the next value beyond it "
         "(at the ratio of the two values nearest that end) was tuned too, at most "
         f"{summary['tune'].get('max_extensions', 0)} times; a diverged run counts as worst."
+        + _near_tie_note(summary["tune"].get("edge_tolerance", 0.0))
         + (  # (explained only where a row has it)
             " grid edge: the choice is still at an end after the last extension (the optimum "
             "may lie beyond it)."

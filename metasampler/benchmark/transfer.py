@@ -188,7 +188,8 @@ class MethodBenchmark:
 
     def _tune_step(self) -> TuneResult:
         """The step tuned at the current option value."""
-        return tune_step_size(self._objective, self.grid, self.setting.cfg.tune.max_extensions)
+        tune = self.setting.cfg.tune
+        return tune_step_size(self._objective, self.grid, tune.max_extensions, tune.edge_tolerance)
 
     def _tune_option(self) -> None:
         """Tune the step at every value of the option's grid (extended like the step's) and
@@ -211,7 +212,10 @@ class MethodBenchmark:
             self.lr_tunings[value] = tuned
             return min(score for _, score in tuned.scores)
 
-        outer = tune_step_size(best_score, self.option_grid, self.setting.cfg.tune.max_extensions)
+        tune = self.setting.cfg.tune
+        outer = tune_step_size(
+            best_score, self.option_grid, tune.max_extensions, tune.edge_tolerance
+        )
         self._use_option(outer.best)
         self.grid = self.lr_tunings[outer.best].grid
         self.entry.update(

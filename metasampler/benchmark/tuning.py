@@ -41,27 +41,42 @@ class TuneResult:
     interior: bool | None = None
 
 
-def _next_beyond_edge(scores: Sequence[tuple[float, float]]) -> float | None:
+def _next_beyond_edge(
+    scores: Sequence[tuple[float, float]], edge_tolerance: float = 0.0
+) -> float | None:
     """The value to try next when the best score sits at an end of the evaluated values.
 
     Above the largest value when that is the best; below the smallest when that is the best or
     when every run diverged (a diverged run counts as worst: smaller steps are the way out).
-    The step beyond an end is the ratio of the two values nearest that end, so a geometric grid
-    stays geometric. ``None`` when the best value is interior (nothing to extend).
+    With ``edge_tolerance > 0`` also beyond an end whose score is within that fraction of the
+    best (a near-tie: one run per value is a noisy score, and a bump next to the best can hide
+    a better value beyond it); of two such ends, the one scoring lower. The step beyond an end
+    is the ratio of the two values nearest that end, so a geometric grid stays geometric.
+    ``None`` when nothing is to be extended.
     """
     values = sorted({v for v, _ in scores})
     if len(values) < 2:
         return None
     best_value, best_score = min(scores, key=lambda vs: vs[1])
+    below, above = values[0] * values[0] / values[1], values[-1] * values[-1] / values[-2]
     if not math.isfinite(best_score) or best_value == values[0]:
-        return values[0] * values[0] / values[1]
+        return below
     if best_value == values[-1]:
-        return values[-1] * values[-1] / values[-2]
-    return None
+        return above
+    score_of = dict(scores)
+    near = [
+        (score_of[end], beyond)
+        for end, beyond in ((values[0], below), (values[-1], above))
+        if score_of[end] - best_score <= edge_tolerance * abs(best_score)
+    ]
+    return min(near)[1] if edge_tolerance > 0 and near else None
 
 
 def tune_step_size(
-    objective: Callable[[float], float], grid: Sequence[float], max_extensions: int = 0
+    objective: Callable[[float], float],
+    grid: Sequence[float],
+    max_extensions: int = 0,
+    edge_tolerance: float = 0.0,
 ) -> TuneResult:
     """Evaluate ``objective(value)`` (a validation NLL) for each grid value; keep the lowest.
 
@@ -73,9 +88,11 @@ def tune_step_size(
     values nearest it, is evaluated too, up to ``max_extensions`` extra values. A best value at
     an end of a short grid says only that the optimum may lie beyond it; the extension finds
     out, so that the choice is interior (``TuneResult.interior``) unless the cap is reached.
+    ``edge_tolerance > 0`` extends also past an end that scores within that fraction of the
+    best (a near-tie; see :func:`_next_beyond_edge`), within the same cap.
 
     Raises:
-        ValueError: empty grid or negative ``max_extensions``.
+        ValueError: empty grid, negative ``max_extensions`` or ``edge_tolerance``.
         TuningError: every evaluated value scored ``inf``.
     """
     grid = [float(v) for v in grid]
@@ -83,6 +100,8 @@ def tune_step_size(
         raise ValueError("the step-size grid is empty")
     if max_extensions < 0:
         raise ValueError(f"max_extensions must be >= 0, got {max_extensions!r}")
+    if not edge_tolerance >= 0:
+        raise ValueError(f"edge_tolerance must be >= 0, got {edge_tolerance!r}")
     if len(grid) == 1:
         return TuneResult(grid[0], [(grid[0], float("nan"))], grid=grid)
     scores: list[tuple[float, float]] = []
@@ -101,7 +120,7 @@ def tune_step_size(
         evaluate(value)
     extensions: list[float] = []
     while len(extensions) < max_extensions:
-        value = _next_beyond_edge(scores)
+        value = _next_beyond_edge(scores, edge_tolerance)
         if value is None or not (value > 0 and math.isfinite(value)):
             break
         extensions.append(value)

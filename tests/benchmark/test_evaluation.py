@@ -307,6 +307,9 @@ def test_benchmark_config_rejects_unknown_keys_and_bad_values():
         load_benchmark_config(None, ["methods.sghmc.lr_grid=[0.1,-1]"])
     with pytest.raises(ConfigError, match="budget.n_chains"):
         load_benchmark_config(None, ["budget.n_chains=many"])
+    for bad in ("-0.1", "nan", "inf"):
+        with pytest.raises(ConfigError, match="tune.edge_tolerance"):
+            load_benchmark_config(None, [f"tune.edge_tolerance={bad}"])
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "eval").glob("*.yaml")))

@@ -69,6 +69,34 @@ def test_extension_below_the_grid_and_the_cap():
     assert capped.best == pytest.approx(0.1 / 9)
 
 
+def test_a_near_tie_at_an_end_is_extended_past_with_an_edge_tolerance():
+    # Session 17: a floor sampler's one-run validation scores on MNIST NT were 0.244 / 0.226 /
+    # 0.234 at lr 0.018 / 0.036 / 0.072, so the tuner stopped at 0.036 (interior), but 0.144
+    # scored 0.194. A bump next to the best is a near-tie at the end: with a tolerance the
+    # grid goes on past it to the better value, and stops where the end is clearly worse.
+    scores = {0.018: 0.244, 0.036: 0.226, 0.072: 0.234, 0.144: 0.194, 0.288: 0.204, 0.576: 0.4}
+    calls = []
+
+    def objective(lr: float) -> float:
+        calls.append(lr)
+        return scores[round(lr, 3)]
+
+    grid = [0.018, 0.036, 0.072]
+    plain = tune_step_size(objective, grid, max_extensions=4)
+    assert plain.best == 0.036 and plain.interior and plain.extensions == []
+    tolerant = tune_step_size(objective, grid, max_extensions=4, edge_tolerance=0.05)
+    # 0.234 is within 5 % of 0.226: extend to 0.144 (new best, at the end), then 0.288 (0.204:
+    # within 5.2 % of 0.194, not 5 %) ends it; the lower end (8 % worse) is never extended
+    assert tolerant.extensions == pytest.approx([0.144, 0.288])
+    assert tolerant.best == pytest.approx(0.144) and tolerant.interior is True
+    wide = tune_step_size(objective, grid, max_extensions=4, edge_tolerance=0.06)
+    assert wide.extensions == pytest.approx([0.144, 0.288, 0.576])  # 0.204 is a near-tie now
+    capped = tune_step_size(objective, grid, max_extensions=1, edge_tolerance=0.06)
+    assert capped.extensions == pytest.approx([0.144]) and capped.interior is False
+    with pytest.raises(ValueError, match="edge_tolerance"):
+        tune_step_size(objective, grid, max_extensions=4, edge_tolerance=-0.1)
+
+
 def test_a_diverged_extension_counts_as_worst_and_all_diverged_extends_down():
     def objective(lr: float) -> float:
         if lr > 0.3:
