@@ -77,6 +77,9 @@ class TuneConfig:
     burn_in: int = 100  # validation NLL of the running average after burn_in
     thin: int = 10
     seed: int = 10_000  # chains of tuning runs use seeds that evaluation does not
+    # Runs per grid value (seeds seed, seed + 1, ...), their validation NLLs averaged: one run
+    # is a noisy score (session 17: a rounding-level change moved MNIST NT scores by 2-6 %).
+    n_seeds: int = 1
     max_val: int = 0  # >0: tune on the first max_val validation examples
     # While the best value sits at an end of the grid, add the next value beyond that end (by
     # the ratio of the two values nearest it) and tune again, at most this many times; the
@@ -132,6 +135,7 @@ _BENCH_POSITIVE_INT = [
     "budget.eval_every",
     "budget.eval_batch_size",
     "tune.n_steps",
+    "tune.n_seeds",
     "tune.thin",
     "ece_bins",
     "task.batch_size",

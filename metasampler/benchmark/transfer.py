@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -248,32 +249,42 @@ class MethodBenchmark:
         return lr in self.grid and (not self.option_grid or self.option_value in self.option_grid)
 
     def _objective(self, lr: float) -> float:
-        """Validation NLL of the posterior average of a short run at ``lr``."""
+        """Validation NLL of the posterior average of a short run at ``lr``, the mean over
+        ``tune.n_seeds`` runs (seeds ``tune.seed``, ``tune.seed + 1``, ...)."""
         tune, progress = self.setting.cfg.tune, self.setting.progress
-        if not self._planned(lr):  # an extension of a grid: one more tuning run
-            progress.extend(tune.n_steps)
-        result = self.setting.run(
-            self.make(lr, tune.n_steps),
-            tune,
-            main=self.setting.val,
-            n_chains=tune.n_chains or self.setting.cfg.budget.n_chains,
-            eval_every=tune.n_steps,
-            seed=tune.seed,
-        )
+        if not self._planned(lr):  # an extension of a grid: more tuning runs
+            progress.extend(tune.n_steps * tune.n_seeds)
+        nlls, errors = [], []
+        for i in range(tune.n_seeds):
+            result = self.setting.run(
+                self.make(lr, tune.n_steps),
+                tune,
+                main=self.setting.val,
+                n_chains=tune.n_chains or self.setting.cfg.budget.n_chains,
+                eval_every=tune.n_steps,
+                seed=tune.seed + i,
+            )
+            if result.diverged_at is not None:
+                progress.skip(tune.n_steps * (tune.n_seeds - i) - result.diverged_at)
+                break
+            nlls.append(result.final["average_nll"])
+            errors.append(result.final["average_error"])
+        diverged = result.diverged_at is not None
         row = {
             "lr": lr,
-            "val_nll": result.final["average_nll"],
-            "val_error": result.final["average_error"],
+            "val_nll": math.inf if diverged else statistics.fmean(nlls),
+            "val_error": math.nan if diverged else statistics.fmean(errors),
             "diverged_at": result.diverged_at,
         }
+        if tune.n_seeds > 1:
+            row["val_nll_per_seed"] = nlls
         if self.spec.tuned_option is not None:
             row[self.spec.tuned_option] = self.option_value
         row["extension"] = lr not in self.grid
         self.tuning_rows.append(row)
-        if result.diverged_at is not None:
-            progress.skip(tune.n_steps - result.diverged_at)
+        if diverged:
             raise NonFiniteError(result.message or "diverged", step=result.diverged_at)
-        return result.final["average_nll"]
+        return row["val_nll"]
 
     def _skip(self, err: TuningError) -> None:
         rows = self.tuning_rows
@@ -406,7 +417,8 @@ def _total_steps(cfg: Any) -> int:
         spec, section = METHODS[key], cfg.methods[key]
         sizes.append((len(spec.grid(section)), len(spec.option_grid(section))))
     n_tune_runs = sum(n * max(1, m) for n, m in sizes if max(n, m) > 1) if cfg.tune.enabled else 0
-    return n_tune_runs * cfg.tune.n_steps + len(sizes) * len(cfg.seeds) * cfg.budget.n_steps
+    tune_steps = n_tune_runs * cfg.tune.n_steps * cfg.tune.n_seeds
+    return tune_steps + len(sizes) * len(cfg.seeds) * cfg.budget.n_steps
 
 
 def run_benchmark(

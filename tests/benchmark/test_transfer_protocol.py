@@ -14,6 +14,7 @@ from test_evaluation import sgld_validation_objective
 from experiments.benchmark_config import load_benchmark_config
 from metasampler import NNSGHMC, sample
 from metasampler.benchmark import (
+    METHODS,
     apply_warmup,
     build_method,
     markdown_table,
@@ -447,3 +448,41 @@ def test_a_friction_grid_with_one_step_tunes_the_friction_alone(tmp_path):
     assert {r["lr"] for r in rows} == {0.05} and len(rows) >= 3  # one run per friction
     finite = [r for r in rows if r["diverged_at"] is None]
     assert entry["momentum_decay"] == min(finite, key=lambda r: r["val_nll"])["momentum_decay"]
+
+
+def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:
+    """SGLD's tuning rows on a tiny synthetic task, with ``tune.<key>=<value>`` overrides."""
+    cfg = load_benchmark_config(
+        None,
+        [
+            "name=seeds", "seeds=[0]", "progress=false", "tensorboard=false",
+            "synthetic={n_train: 120, n_val: 60, n_test: 60, n_ood: 0, n_features: 4, "
+            "batch_size: 30}",
+            "budget={n_chains: 2, n_steps: 12, burn_in: 4, thin: 2, eval_every: 4}",
+            "tune={n_steps: 8, burn_in: 3, thin: 2, max_extensions: 0}",
+            "methods.sgld.lr_grid=[0.01, 0.02]",
+            *(f"tune.{kv}" for kv in tune),
+            *(f"methods.{m}.enabled=false" for m in METHODS if m != "sgld"),
+        ],
+    )  # fmt: skip
+    s = cfg.synthetic
+    problem = synthetic_classification_problem(
+        n_train=s.n_train, n_val=s.n_val, n_test=s.n_test, n_ood=0, n_features=s.n_features,
+        batch_size=s.batch_size,
+    )  # fmt: skip
+    result = run_benchmark(cfg, problem, sampler_path=None, out_dir=tmp_path, progress=False)
+    return result.summary["methods"]["sgld"]["tuning"]
+
+
+def test_tuning_scores_average_the_runs_of_several_seeds(tmp_path):
+    # tune.n_seeds = 2: each value's score is the mean of the runs with seeds tune.seed and
+    # tune.seed + 1, which are exactly the single-seed runs of those seeds.
+    pooled = _sgld_tuning(tmp_path / "a", "n_seeds=2", "seed=5")
+    first = _sgld_tuning(tmp_path / "b", "seed=5")
+    second = _sgld_tuning(tmp_path / "c", "seed=6")
+    for row, one, two in zip(pooled, first, second, strict=True):
+        assert row["val_nll_per_seed"] == [one["val_nll"], two["val_nll"]]
+        assert row["val_nll"] == pytest.approx((one["val_nll"] + two["val_nll"]) / 2)
+        assert one["val_nll"] != two["val_nll"]  # (the seeds' runs differ)
+    with pytest.raises(ConfigError, match="tune.n_seeds"):
+        load_benchmark_config(None, ["tune.n_seeds=0"])
