@@ -266,7 +266,9 @@ def run(args: StepArgs, sampler: Any) -> tuple:
     use = sampler.use_compile
     if use is None and os.environ.get("METASAMPLER_COMPILE") in ("0", "1"):
         use = os.environ["METASAMPLER_COMPILE"] == "1"
-    asked = path == "compiled" or use is True
+    # (a forced "blocks" path never compiles; "auto" compiles when allowed, and waits for the
+    # compile, or compiles in this process, when asked)
+    asked = path == "compiled" or (path == "auto" and use is True)
     # The first finite-difference step (no history) is not worth a compile of its own.
     first_fd = args.cfg.gamma == "finite_difference" and args.cache is None
     reason = compile_unavailable(args.p.device)
@@ -281,7 +283,7 @@ def run(args: StepArgs, sampler: Any) -> tuple:
         if recording:
             return nnsghmc_update(*args)
         reason = reason or "on a GPU the step is compiled in this process: pass compile=True"
-    elif reason is None and (asked or (path == "auto" and use is not False)):
+    elif reason is None and (asked or (path == "auto" and use is None)):
         out = aot.run(args, wait=asked)
         if out is not None:
             return out
