@@ -188,6 +188,16 @@ def test_alpha_is_set_from_the_warmup_step_for_absolute_units_only():
     assert sampler.alpha == 7.0 and "per_step" in note
 
 
+def _run_synthetic(cfg, sampler_path, out_dir):
+    """``run_benchmark`` of ``cfg`` on the synthetic task its ``synthetic`` section describes."""
+    s = cfg.synthetic
+    problem = synthetic_classification_problem(
+        n_train=s.n_train, n_val=s.n_val, n_test=s.n_test, n_ood=0, n_features=s.n_features,
+        batch_size=s.batch_size,
+    )  # fmt: skip
+    return run_benchmark(cfg, problem, sampler_path=sampler_path, out_dir=out_dir, progress=False)
+
+
 def test_benchmark_applies_warmup_alpha_and_reports_the_protocol(tmp_path):
     path = tmp_path / "sampler.safetensors"
     sampler = _nnsghmc()
@@ -214,12 +224,7 @@ def test_benchmark_applies_warmup_alpha_and_reports_the_protocol(tmp_path):
             *(f"methods.{m}.enabled=false" for m in ("csghmc", "sgdm", "adam")),
         ],
     )
-    s = cfg.synthetic
-    problem = synthetic_classification_problem(
-        n_train=s.n_train, n_val=s.n_val, n_test=s.n_test, n_ood=0, n_features=s.n_features,
-        batch_size=s.batch_size,
-    )  # fmt: skip
-    result = run_benchmark(cfg, problem, sampler_path=path, out_dir=tmp_path, progress=False)
+    result = _run_synthetic(cfg, path, tmp_path)
     methods = result.summary["methods"]
     eta = math.sqrt(0.01 / 120)
     assert methods["nnsghmc"]["warmup_eta"] == pytest.approx(eta * 0.5)
@@ -465,12 +470,7 @@ def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:
             *(f"methods.{m}.enabled=false" for m in METHODS if m != "sgld"),
         ],
     )  # fmt: skip
-    s = cfg.synthetic
-    problem = synthetic_classification_problem(
-        n_train=s.n_train, n_val=s.n_val, n_test=s.n_test, n_ood=0, n_features=s.n_features,
-        batch_size=s.batch_size,
-    )  # fmt: skip
-    result = run_benchmark(cfg, problem, sampler_path=None, out_dir=tmp_path, progress=False)
+    result = _run_synthetic(cfg, None, tmp_path)
     return result.summary["methods"]["sgld"]["tuning"]
 
 
