@@ -5,11 +5,11 @@ CI and the test suite run on CPU only; this script is what runs on a machine wit
 1 if any failed.
 
 1. ``paths``: 30 noise-free steps (temperature 0) of state-dependent nets on the device, by
-   the eager step, the blocked step and the step compiled ahead of time, against the same
-   steps in float64 on the CPU (one- and two-hidden-layer nets, exact and finite-difference
-   Gamma, the momentum, energy-only and stiffness curls, softsign units); and the
-   meta-gradient of a 5-step unroll through the step compiled with autograd against plain
-   autograd, both on the device in float64.
+   the eager step, the blocked step and the compiled step (ahead of time on a CPU, in
+   process on a GPU), against the same steps in float64 on the CPU (one- and two-hidden-layer
+   nets of the default softsign units, exact and finite-difference Gamma, the momentum and
+   stiffness curls); and the meta-gradient of a 5-step unroll through the step compiled with
+   autograd against plain autograd, both on the device in float64.
 2. ``stationarity``: the test suite's check of state-dependent nets on its 5-D Gaussian, with
    20,000 chains on the device: the moments match with exact and finite-difference Gamma, and
    do not without Gamma.
