@@ -9,7 +9,8 @@ minibatch size). Each method's per-batch learning rate is first chosen from a sm
 the validation NLL of short runs, the grid extended beyond an end while the best value sits
 there (``tune.max_extensions``) or, with ``tune.edge_tolerance > 0``, while an end scores
 within that fraction of the best (a near-tie: each value's score is one noisy run, or the
-mean of ``tune.n_seeds`` runs). The momentum methods (SGHMC, mSGNHT, cSGHMC) with a
+mean of ``tune.n_seeds`` runs; ``tune.metric`` scores the posterior average, the default, or
+the final ensemble). The momentum methods (SGHMC, mSGNHT, cSGHMC) with a
 ``momentum_decay_grid`` have their friction per step tuned too: the step is tuned at every
 friction and the pair with the lowest validation NLL kept, the friction grid extended the same
 way. Then every seed runs with the chosen values. The protocol of

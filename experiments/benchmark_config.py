@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from metasampler.benchmark.methods import METHODS, check_method_section
+from metasampler.benchmark.tables import TUNE_METRICS
 from metasampler.config import Activation, ConfigError, check_run_placement, load_structured
 
 from .run_config import DistributedConfig, TaskConfig, TaskKind
@@ -89,6 +90,10 @@ class TuneConfig:
     # (one run per value is a noisy score: a bump next to the best can hide a better value
     # beyond it; session 17). The extensions' cap is the same.
     edge_tolerance: float = 0.0
+    # What a tuning run is scored by: the validation NLL of the posterior average of its
+    # samples after burn_in ("average_nll") or of the final K-chain ensemble ("ensemble_nll",
+    # the paper's reported metric; session 18).
+    metric: str = "average_nll"
 
 
 #: Every method the benchmark knows, one section per entry of the registry (its schema);
@@ -170,6 +175,10 @@ def _check_ranges(cfg: DictConfig) -> None:
     tolerance = cfg.tune.edge_tolerance
     if not (tolerance >= 0 and math.isfinite(tolerance)):
         raise ConfigError(f"tune.edge_tolerance must be a finite number >= 0, got {tolerance!r}")
+    if cfg.tune.metric not in TUNE_METRICS:
+        raise ConfigError(
+            f"tune.metric must be one of {list(TUNE_METRICS)}, got {cfg.tune.metric!r}"
+        )
     check_run_placement(cfg)
     if not cfg.seeds:
         raise ConfigError("seeds must be a non-empty list of ints")

@@ -12,6 +12,9 @@ from typing import Any
 from .methods import FRICTION
 from .results import FINAL_METRICS
 
+#: What a tuning run can be scored by (``tune.metric``) and what the tables call it.
+TUNE_METRICS = {"average_nll": "the posterior average", "ensemble_nll": "the final ensemble"}
+
 __all__ = [
     "curves_csv",
     "format_mean_se",
@@ -224,7 +227,8 @@ def _near_tie_note(edge_tolerance: float) -> str:
 def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
     lines = [
         "",
-        "## Step-size tuning (validation NLL of the posterior average)",
+        "## Step-size tuning (validation NLL of "
+        f"{TUNE_METRICS[summary['tune'].get('metric', 'average_nll')]})",
         "",
         "| Method | initial grid: lr → val NLL | extensions: lr → val NLL | chosen lr | eta | "
         "choice |",

@@ -249,8 +249,9 @@ class MethodBenchmark:
         return lr in self.grid and (not self.option_grid or self.option_value in self.option_grid)
 
     def _objective(self, lr: float) -> float:
-        """Validation NLL of the posterior average of a short run at ``lr``, the mean over
-        ``tune.n_seeds`` runs (seeds ``tune.seed``, ``tune.seed + 1``, ...)."""
+        """Validation NLL (``tune.metric``: of the posterior average or of the final
+        ensemble) of a short run at ``lr``, the mean over ``tune.n_seeds`` runs (seeds
+        ``tune.seed``, ``tune.seed + 1``, ...)."""
         tune, progress = self.setting.cfg.tune, self.setting.progress
         if not self._planned(lr):  # an extension of a grid: more tuning runs
             progress.extend(tune.n_steps * tune.n_seeds)
@@ -267,8 +268,9 @@ class MethodBenchmark:
             if result.diverged_at is not None:
                 progress.skip(tune.n_steps * (tune.n_seeds - i) - result.diverged_at)
                 break
-            nlls.append(result.final["average_nll"])
-            errors.append(result.final["average_error"])
+            kind = tune.metric.removesuffix("_nll")  # "average" or "ensemble"
+            nlls.append(result.final[f"{kind}_nll"])
+            errors.append(result.final[f"{kind}_error"])
         diverged = result.diverged_at is not None
         row = {
             "lr": lr,

@@ -486,3 +486,17 @@ def test_tuning_scores_average_the_runs_of_several_seeds(tmp_path):
         assert one["val_nll"] != two["val_nll"]  # (the seeds' runs differ)
     with pytest.raises(ConfigError, match="tune.n_seeds"):
         load_benchmark_config(None, ["tune.n_seeds=0"])
+
+
+def test_tuning_can_score_the_final_ensemble(tmp_path):
+    # tune.metric = ensemble_nll scores a run by its final K-chain ensemble: with a burn-in
+    # that leaves only the last sample in the posterior average, the two scores coincide;
+    # with a longer average they differ.
+    average = _sgld_tuning(tmp_path / "a")
+    ensemble = _sgld_tuning(tmp_path / "b", "metric=ensemble_nll")
+    last_sample = _sgld_tuning(tmp_path / "c", "burn_in=7", "thin=1")
+    for avg, ens, last in zip(average, ensemble, last_sample, strict=True):
+        assert ens["val_nll"] != pytest.approx(avg["val_nll"], rel=1e-4)
+        assert ens["val_nll"] == pytest.approx(last["val_nll"], rel=1e-5)
+    with pytest.raises(ConfigError, match="tune.metric"):
+        load_benchmark_config(None, ["tune.metric=accuracy"])
