@@ -500,3 +500,6 @@ def test_tuning_can_score_the_final_ensemble(tmp_path):
         assert ens["val_nll"] == pytest.approx(last["val_nll"], rel=1e-5)
     with pytest.raises(ConfigError, match="tune.metric"):
         load_benchmark_config(None, ["tune.metric=accuracy"])
+    # (an ensemble of fewer chains than the evaluation's scores another quantity)
+    with pytest.raises(ConfigError, match="tune.n_chains"):
+        load_benchmark_config(None, ["tune.metric=ensemble_nll", "tune.n_chains=5"])
