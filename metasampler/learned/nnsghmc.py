@@ -131,21 +131,18 @@ class NNSGHMC(nn.Module, Sampler):
                 different step from training.
             temperature, schedule: as for every sampler.
             seed: seeds the nets' initial weights.
-            compile: how sampling steps (under ``torch.no_grad()``) run. ``None`` (default): the
-                same step function compiled ahead of time by AOTInductor (one fused loop over
-                the coordinates) where the machine allows it (CPU: a C++ compiler; CUDA:
-                triton), built in a child process while correct eager steps run, then used,
-                and cached on disk for later processes (:mod:`metasampler.learned.aot`);
-                otherwise the eager step, with a one-line notice. ``True``: wait for the
-                compiled step (the first use of a configuration pays the build, about a
-                minute; a cached one loads in milliseconds).
-                ``False``: always eager. Not part of the exported sampler; settable on a loaded
-                one through the ``use_compile`` attribute. Meta-training steps (grad enabled)
-                run the same function eagerly with autograd, or with ``True`` through
-                ``torch.compile`` with autograd (fused forward and backward; the first step
-                waits minutes for the compile); ``step_path`` (attribute: "auto",
-                "plain", "blocks", "recompute", "compiled") forces one way of running the step
-                (:mod:`metasampler.learned.fast`), for tests and benchmarks.
+            compile: how sampling steps (under ``torch.no_grad()``) run
+                (:mod:`metasampler.learned.fast`). ``None`` (default): on a CPU with a C++
+                compiler, the step compiled ahead of time into one fused loop over the
+                coordinates, built in a child process while eager steps run, then used and
+                cached on disk (:mod:`metasampler.learned.aot`); elsewhere (e.g. a GPU, where
+                the package crashed) the eager step, after a one-line notice. ``True``: wait
+                for the compiled step (a first build takes about a minute; on a GPU,
+                ``torch.compile`` in this process). ``False``: always eager. Not part of the
+                exported sampler: the ``use_compile`` attribute of a loaded one. Meta-training
+                steps (grad enabled) run eagerly with autograd, or with ``True`` through
+                ``torch.compile`` with autograd; ``step_path`` (attribute: "auto", "plain",
+                "blocks", "recompute", "compiled") forces one way, for tests and benchmarks.
             grad_noise_var: the variance ``V`` of the gradient's noise per coordinate, where it
                 is known (e.g. the toy targets' injected ``N(0, sigma^2)``: ``V = sigma^2``).
                 ``0`` (default): none assumed. With ``V > 0`` the injected noise gives
