@@ -224,7 +224,7 @@ def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], list[dict | None]]:
 # Inductor settings for the step's loop (#12; 784-40-40-10 MLP, K = 20, one thread, compiled
 # step alone). Multiply-adds contracted to FMAs (off by default, for bitwise agreement with
 # eager; the step's tests compare paths to float tolerance): 40-unit softsign nets 14.7 -> 12.2
-# ms exact, 11.9 -> 11.1 ms FD; shipped `mnist_mlp` 8.8 -> 7.4 / 10.7 -> 9.4 ms. An exact step
+# ms exact, 11.9 -> 11.1 ms FD; shipped `mnist_mlp` 8.8 -> 7.2 / 10.7 -> 9.4 ms. An exact step
 # with 40-unit nets inlines ~2,700 operations per coordinate, past inductor's `max_fusion_size`
 # (64 nodes): the loop split in three that recomputed or stored the units shared by a net's
 # value and its derivatives; one loop: 12.2 -> 10.9 ms. Finite differences' four net

@@ -811,3 +811,18 @@ def test_calibrate_measures_the_input_statistics_of_its_run():
     assert stats["energy_loc"] == pytest.approx(2.0, rel=0.05)
     assert stats["energy_std"] == pytest.approx(2**0.5, rel=0.1)
     assert float(sampler.grad_std) == pytest.approx(stats["grad_std"])
+
+
+def test_the_package_is_built_with_fmas_and_exact_steps_as_one_loop():
+    # The compiled package's speed rests on two inductor settings (BENCHMARKS.md, session 18):
+    # a torch that renamed them would drop them silently (unknown keys are skipped), so this
+    # pins that the installed torch still has both, and which steps get which.
+    from metasampler.learned import aot
+    from metasampler.learned.equations import StepConfig
+
+    def options(gamma: str) -> dict:
+        return aot.inductor_options(StepConfig("softsign", "softplus", gamma, True, False, True))
+
+    contract = {"cpp.enable_floating_point_contract_flag": "fast"}
+    assert options("exact") == {**contract, "max_fusion_size": 1 << 16}
+    assert options("finite_difference") == contract
