@@ -8,6 +8,18 @@ final state draws ``--batches`` minibatch gradients to estimate each coordinate'
 variance ``V_i`` of ``grad Ũ``, and prints the per-coordinate heating
 ``eta Q_f^2 V / (2 D_f)`` (the relative excess temperature the noise brings,
 docs/METHOD.md §3): what ``NNSGHMC(grad_noise_var=...)`` would remove if ``V`` were known.
+
+    python scripts/bnn_noise_heating.py --temperature --sampler runs/ss_c08/sampler.safetensors \
+        --lr 0.144 [--steps 1500] [--chains 5]
+    python scripts/bnn_noise_heating.py --temperature --sampler sghmc --lr 0.16 \
+        [--friction-per-step 0.1]
+
+``--temperature`` measures the heat instead: ``--chains`` chains of the sampler (or SGHMC with
+friction ``a = eta C`` per step) run ``--steps`` steps (no warm-up), and the mean of ``p_i^2``
+over coordinates and chains, averaged over the last 500 steps (every 10th), is printed:
+``T = 1`` at the target (``H = U + p.p / 2``); above it the chains run hot. Also the 50 / 90 /
+99 % quantiles of the final ``p_i^2`` (chi-square with one degree of freedom: 0.455 / 2.71 /
+6.63). docs/RESULTS.md, session 18.
 """
 
 from __future__ import annotations
@@ -32,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.072, help="per-batch learning rate")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--temperature", action="store_true", help="measure mean p^2 instead")
+    parser.add_argument("--chains", type=int, default=5, help="--temperature: chains")
+    parser.add_argument("--friction-per-step", type=float, default=0.1, help="SGHMC's a")
     args = parser.parse_args(argv)
+    if args.temperature and args.steps < 500:
+        parser.error("--temperature needs --steps >= 500 (the average covers the last 500)")
     torch.set_num_threads(1)
 
     from omegaconf import OmegaConf
@@ -44,8 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     task = OmegaConf.merge(OmegaConf.structured(TaskConfig), OmegaConf.load(args.config).task)
     problem = build_bnn_problem(task, seed=0)
     target = problem.target
-    sampler = ms.load_sampler(args.sampler, lr=args.lr)
     eta = math.sqrt(args.lr / target.n_data)
+    if args.temperature:
+        if args.sampler == "sghmc":
+            sampler = ms.samplers.SGHMC(eta=eta, friction=args.friction_per_step / eta)
+        else:
+            sampler = ms.load_sampler(args.sampler, lr=args.lr)
+        init = problem.init(args.chains, torch.Generator().manual_seed(0))
+        return kinetic_temperature(sampler, target, init, args.steps)
+    sampler = ms.load_sampler(args.sampler, lr=args.lr)
     init = problem.init(4, torch.Generator().manual_seed(0))
     state = ms.sample(
         sampler, target, 4, args.steps, init=init, seed=1, store=False, progress=False
@@ -72,6 +96,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{quantiles[0]:.4f} / {quantiles[1]:.4f} / {quantiles[2]:.4f}; share above 0.1: "
         f"{float((heating > 0.1).float().mean()):.3f}"
     )
+    return 0
+
+
+def kinetic_temperature(sampler, target, init: torch.Tensor, steps: int) -> int:
+    """Print the chains' mean ``p^2`` over the last 500 steps and the final quantiles."""
+    gen = torch.Generator().manual_seed(1)
+    kept = []
+    with torch.no_grad():
+        state = sampler.init(init, target, gen)
+        for t in range(steps):
+            state = sampler.step(state, target, gen)
+            if t >= steps - 500 and t % 10 == 0:
+                kept.append(state.momentum.pow(2).mean())
+    final = state.momentum.pow(2).flatten()[:1_000_000]
+    quantiles = [float(torch.quantile(final, q)) for q in (0.5, 0.9, 0.99)]
+    print(f"mean p^2 over the last 500 steps: {float(torch.stack(kept).mean()):.3f}")
+    print("final p^2 quantiles 50 / 90 / 99 %: " + " / ".join(f"{q:.3f}" for q in quantiles))
     return 0
 
 
