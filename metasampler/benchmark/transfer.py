@@ -255,6 +255,7 @@ class MethodBenchmark:
         tune, progress = self.setting.cfg.tune, self.setting.progress
         if not self._planned(lr):  # an extension of a grid: more tuning runs
             progress.extend(tune.n_steps * tune.n_seeds)
+        kind = tune.metric.removesuffix("_nll")  # the "average" or the "ensemble" metrics
         nlls, errors = [], []
         for i in range(tune.n_seeds):
             result = self.setting.run(
@@ -268,7 +269,6 @@ class MethodBenchmark:
             if result.diverged_at is not None:
                 progress.skip(tune.n_steps * (tune.n_seeds - i) - result.diverged_at)
                 break
-            kind = tune.metric.removesuffix("_nll")  # "average" or "ensemble"
             nlls.append(result.final[f"{kind}_nll"])
             errors.append(result.final[f"{kind}_error"])
         diverged = result.diverged_at is not None
