@@ -87,6 +87,13 @@ class NNSGHMCMethod(MethodGrid):
     # the value it was meta-trained with (a file does not say how it was derived, and a
     # "per_step" sampler's alpha already transfers across N and eta).
     alpha_per_step: float | None = None
+    # The constant friction per step under the learned one (the sampler's `c`, as a per-step
+    # friction a = eta c in absolute units): null keeps the file's value (what it was trained
+    # with); a value replaces it, and a `momentum_decay_grid` tunes it with the step as the
+    # momentum methods' friction is tuned, so that every momentum method has its friction
+    # level chosen on the validation split (issue #11).
+    momentum_decay: float | None = None
+    momentum_decay_grid: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -198,6 +205,7 @@ class BuildContext:
     device: str = "cpu"
 
 
+FRICTION = "momentum_decay"  # the friction methods' tuned option
 Builder = Callable[[Mapping[str, Any], Any, BuildContext], Sampler]
 
 
@@ -221,7 +229,15 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
     gamma = getattr(gamma, "value", gamma)
     sampler = load_sampler(ctx.sampler_path, lr=lr, gamma=gamma, device=ctx.device)
     sampler.use_compile = options["compile"]
+    decay = options.get(FRICTION)
+    if decay is not None:  # the constant friction per step a, replacing the file's
+        per_step = sampler.friction_units == "per_step"
+        sampler.c = decay if per_step else decay / _eta_of(sampler, ctx)
     return sampler
+
+
+def _eta_of(sampler: Sampler, ctx: BuildContext) -> float:
+    return resolve_eta(sampler.eta, sampler.lr, ctx.n_data, sampler.order)
 
 
 def _cnnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:
@@ -300,8 +316,6 @@ class MethodSpec:
         return [float(v) for v in section.get(f"{self.tuned_option}_grid") or []]
 
 
-FRICTION = "momentum_decay"  # the friction methods' tuned option
-
 METHODS: dict[str, MethodSpec] = {
     spec.key: spec
     for spec in (
@@ -313,6 +327,7 @@ METHODS: dict[str, MethodSpec] = {
             _nnsghmc,
             stored_step=True,
             warmup_alpha=True,
+            tuned_option=FRICTION,
         ),
         MethodSpec("sgld", "SGLD", SGLDMethod, SGLD, lambda o, lr, c: SGLD(lr=lr)),
         MethodSpec(
@@ -340,6 +355,7 @@ METHODS: dict[str, MethodSpec] = {
             _cnnsghmc,
             stored_step=True,
             warmup_alpha=True,
+            tuned_option=FRICTION,
         ),
         MethodSpec(
             "sgdm",
@@ -431,7 +447,7 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
             f"{option_grid!r}"
         )
     for name in _POSITIVE_OPTIONS:
-        if name in section and not _finite_positive(section[name]):
+        if section.get(name) is not None and not _finite_positive(section[name]):
             raise ConfigError(
                 f"methods.{key}.{name} must be a finite number > 0, got {section[name]!r}"
             )

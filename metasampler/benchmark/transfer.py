@@ -151,7 +151,8 @@ class MethodBenchmark:
     def option_value(self) -> float | None:
         """The current value of the method's tuned option (``None`` for a method without)."""
         option = self.spec.tuned_option
-        return None if option is None else float(self.make.options[option])
+        value = None if option is None else self.make.options.get(option)
+        return None if value is None else float(value)
 
     def run(self) -> bool:
         """Tune and run every seed; ``False`` when tuning failed and the method was skipped."""
@@ -280,7 +281,7 @@ class MethodBenchmark:
         }
         if tune.n_seeds > 1:
             row["val_nll_per_seed"] = nlls
-        if self.spec.tuned_option is not None:
+        if self.option_value is not None:  # (None: the method has none, or keeps the file's)
             row[self.spec.tuned_option] = self.option_value
         row["extension"] = lr not in self.grid
         self.tuning_rows.append(row)
@@ -348,10 +349,10 @@ class MethodBenchmark:
                 nll = row["val_nll"]
                 writer.add_scalar("tune/val_nll", nll if math.isfinite(nll) else math.inf, i)
                 writer.add_scalar("tune/lr", row["lr"], i)
-                if option is not None:
+                if row.get(option) is not None:
                     writer.add_scalar(f"tune/{option}", row[option], i)
             chosen_text = f"lr={lr_used}, eta={eta:.6g}"
-            if option is not None:
+            if self.option_value is not None:
                 chosen_text += f", {option}={self.option_value:g}"
             writer.add_text("tune/chosen", chosen_text)
             writer.close()
@@ -388,7 +389,8 @@ class MethodBenchmark:
 def _scored_run(row: dict[str, Any], option: str | None) -> str:
     """``lr: val NLL`` of a tuning row, with the option's value where the method has one."""
     text = f"{row['lr']:g}: {row['val_nll']:.4f}"
-    return text if option is None else f"{option}={row[option]:g} {text}"
+    value = None if option is None else row.get(option)
+    return text if value is None else f"{option}={value:g} {text}"
 
 
 def _eval_sets(cfg: Any, data: Any, device: torch.device) -> tuple[EvalSet, dict, EvalSet]:

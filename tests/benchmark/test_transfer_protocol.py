@@ -455,6 +455,48 @@ def test_a_friction_grid_with_one_step_tunes_the_friction_alone(tmp_path):
     assert entry["momentum_decay"] == min(finite, key=lambda r: r["val_nll"])["momentum_decay"]
 
 
+def test_the_learned_samplers_constant_friction_is_tuned_like_the_others(tmp_path):
+    """``methods.nnsghmc.momentum_decay`` replaces the file's constant friction ``c`` by a
+    friction per step ``a`` (``c = a`` for per-step constants, ``a / eta`` for absolute ones;
+    null keeps the file's), and its grid is tuned with the step as SGHMC's friction is."""
+    absolute, per_step = tmp_path / "abs.safetensors", tmp_path / "ps.safetensors"
+    for path, units in ((absolute, "absolute"), (per_step, "per_step")):
+        sampler = _nnsghmc(c=0.3, friction_units=units)
+        with torch.no_grad():
+            for p in sampler.parameters():
+                p.mul_(0.1)
+        sampler.save(str(path))
+    eta = math.sqrt(0.02 / 120)
+    for path, c in ((absolute, 0.05 / eta), (per_step, 0.05)):
+        kept = build_method("nnsghmc", {}, 0.02, n_data=120, n_steps=10, sampler_path=path)
+        options = {"momentum_decay": 0.05}
+        set_ = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=path)
+        assert kept.c == 0.3 and set_.c == pytest.approx(c)
+
+    cfg = load_benchmark_config(
+        None,
+        [
+            "name=nn_friction", "seeds=[0]", "progress=false", "tensorboard=false",
+            "synthetic={n_train: 120, n_val: 60, n_test: 60, n_ood: 0, n_features: 4, "
+            "batch_size: 30}",
+            "budget={n_chains: 2, n_steps: 12, burn_in: 4, thin: 2, eval_every: 4}",
+            "tune={n_steps: 8, burn_in: 3, thin: 2, max_extensions: 1}",
+            "methods.nnsghmc.lr_grid=[0.005, 0.02]",
+            "methods.nnsghmc.momentum_decay_grid=[0.01, 0.3]",
+            *(f"methods.{m}.enabled=false" for m in ("sgld", "psgld", "sghmc", "msgnht")),
+            *(f"methods.{m}.enabled=false" for m in ("csgld", "csghmc", "sgdm", "adam")),
+        ],
+    )  # fmt: skip
+    summary = _run_synthetic(cfg, per_step, tmp_path).summary
+    entry = summary["methods"]["nnsghmc"]
+    rows = [r for r in entry["tuning"] if r["diverged_at"] is None]
+    assert {0.01, 0.3} <= {r["momentum_decay"] for r in rows}
+    best = min(rows, key=lambda r: r["val_nll"])
+    assert (entry["momentum_decay"], entry["lr"]) == (best["momentum_decay"], best["lr"])
+    table = markdown_table(summary)
+    assert f"| NNSGHMC | {entry['lr']:g} | {entry['momentum_decay']:g} |" in table
+
+
 def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:
     """SGLD's tuning rows on a tiny synthetic task, with ``tune.<key>=<value>`` overrides."""
     cfg = load_benchmark_config(
