@@ -25,8 +25,13 @@ The step is one pure, element-wise function of the coordinates
   once, so no ``(H, K, D)`` activation of any step is stored across an unroll. It saves
   memory, not time (measured in ``BENCHMARKS.md``), so meta-training uses **plain** by
   default.
-* **compiled training** (grad enabled, ``compile=True``): the in-process compile with
-  autograd, so inductor fuses the step's forward and backward.
+* **compiled training** (grad enabled, ``compile=True``): a
+  :class:`torch.autograd.Function` whose forward is the in-process compiled step run without
+  recording (the nets' units unrolled into one loop, nothing stored) and whose backward is
+  ``torch.func.vjp`` of the same function, compiled, over chunks of the coordinates that keep
+  its intermediates in cache: it recomputes the step instead of storing the ``(H, K, D)``
+  hidden units of every step. With undetached net inputs (``detach_inputs=False``) the step
+  is compiled with autograd instead (inductor's joint forward and backward).
 * **plain**: the function called directly, with autograd when it records (meta-training's
   default): the reference.
 """
@@ -215,10 +220,129 @@ def run_compiled_in_process(args: StepArgs) -> tuple:
     Shapes are static (they do not change during a run); the first call waits for the
     compile (minutes: ``BENCHMARKS.md``)."""
     spec = aot.KernelSpec.of(args)
+    return aot.call_flat(_compiled(spec), args, spec)
+
+
+# -- compiled training: the compiled step forward, a compiled vjp backward --------------------
+# Coordinates per call of the compiled backward on a CPU, whose (H, chunk) intermediates then
+# stay in cache (784-20-10 MLP, K = 20, 10-unit softsign nets: 18.3 ms per step in one call,
+# 9.6 ms in chunks of ~32k coordinates, 11 ms of ~16k; BENCHMARKS.md). A GPU takes one call.
+_VJP_CHUNK = 1 << 15
+_VJP: dict[tuple, Callable] = {}
+
+
+def _n_coordinate_inputs(spec: aot.KernelSpec) -> int:
+    """How many of :func:`aot.flat_inputs` are coordinate (or per-chain energy) tensors."""
+    return 4 + spec.prior + spec.noise + 4 * spec.cache + spec.stiffness
+
+
+def _differentiable_outputs(out: tuple) -> tuple:
+    return (out[0], out[1], *out[3:])  # (the check sum has no gradient)
+
+
+def _vjp_entry(spec: aot.KernelSpec, wanted: tuple[int, ...], n_flat: int) -> Callable:
+    """``(*flat, *cotangents) -> gradients of the wanted inputs``: ``torch.func.vjp`` of
+    :func:`aot.step_from_flat`, with a code object of its own (see :func:`_entry`)."""
+    step = aot.step_from_flat
+
+    def entry(*flat_and_cotangents: Tensor) -> tuple[Tensor, ...]:
+        flat, cotangents = flat_and_cotangents[:n_flat], flat_and_cotangents[n_flat:]
+
+        def of_wanted(*values: Tensor) -> tuple[Tensor, ...]:
+            inputs = list(flat)
+            for i, value in zip(wanted, values, strict=True):
+                inputs[i] = value
+            return _differentiable_outputs(step(spec, *inputs))
+
+        _, pull = torch.func.vjp(of_wanted, *(flat[i] for i in wanted))
+        return pull(tuple(cotangents))
+
+    code = entry.__code__.replace()
+    return types.FunctionType(code, entry.__globals__, entry.__name__, None, entry.__closure__)
+
+
+def _chunked_vjp(
+    spec: aot.KernelSpec, wanted: tuple[int, ...], flat: list[Tensor], cotangents: list[Tensor]
+) -> list[Tensor]:
+    """The compiled vjp over chunks of the flattened coordinates; coordinate gradients joined,
+    weight gradients summed."""
+    key = (spec, wanted, len(flat))
+    fn = _VJP.get(key)
+    if fn is None:
+        fn = _VJP[key] = torch.compile(
+            _vjp_entry(spec, wanted, len(flat)), dynamic=False, fullgraph=True
+        )
+    shape, n_coords = flat[0].shape, _n_coordinate_inputs(spec)
+    # (a per-chain energy input (K, 1) is expanded: every coordinate input is then (K, D))
+    flat = [x.expand(shape).reshape(-1) if i < n_coords else x for i, x in enumerate(flat)]
+    cotangents = [c.reshape(-1) for c in cotangents]
+    total = flat[0].numel()
+    chunk = total if flat[0].device.type != "cpu" else _VJP_CHUNK
+    parts = []
+    for start in range(0, total, chunk):
+        cut = slice(start, min(total, start + chunk))
+        inputs = [x[cut] if i < n_coords else x for i, x in enumerate(flat)]
+        parts.append(fn(*inputs, *(c[cut] for c in cotangents)))
+    grads = []
+    for j, i in enumerate(wanted):
+        if i < n_coords:
+            grads.append(torch.cat([part[j] for part in parts]).view(shape))
+        else:
+            grads.append(sum((part[j] for part in parts[1:]), parts[0][j]))
+    return grads
+
+
+class _CompiledRecompute(torch.autograd.Function):
+    """The compiled step, differentiable by a compiled recomputing backward (module doc)."""
+
+    @staticmethod
+    def forward(ctx, spec: aot.KernelSpec, *flat: Tensor):
+        ctx.spec = spec
+        ctx.save_for_backward(*flat)
+        out = _compiled(spec)(*flat)  # (forward runs without recording: the unrolled kernel)
+        ctx.mark_non_differentiable(out[2])
+        return out
+
+    @staticmethod
+    def backward(ctx, *grad_out: Tensor):
+        flat = list(ctx.saved_tensors)
+        # The energy input only feeds the nets, whose inputs are detached: its gradient is 0.
+        energy = 3 + ctx.spec.prior
+        wanted = tuple(i for i, need in enumerate(ctx.needs_input_grad[1:]) if need and i != energy)
+        grads: list[Tensor | None] = [None] * len(flat)
+        if wanted:
+            cotangents = list(_differentiable_outputs(grad_out))
+            for i, g in zip(wanted, _chunked_vjp(ctx.spec, wanted, flat, cotangents), strict=True):
+                per_chain = flat[i].shape != g.shape  # (K, 1), expanded in the chunks
+                grads[i] = g.sum(-1, keepdim=True) if per_chain else g
+        return (None, *grads)
+
+
+def _recomputing_pays(args: StepArgs) -> bool:
+    """Whether compiled training recomputes the step in its backward
+    (:func:`run_compiled_training`) rather than compiling it with autograd, which stores the
+    hidden units: measured faster on a CPU for per-coordinate nets over many coordinates
+    (784-20-10 MLP, K = 20: 2.7x -> 1.9x an SGHMC step; BENCHMARKS.md). The stored form stays
+    for an energy-only curl (its ``f_Q`` runs once per chain there), for small problems (the
+    toy's 1,000 coordinates: two calls per step cost more than they save), for undetached net
+    inputs, and on a GPU (not measured there)."""
+    per_chain_curl = not (args.cfg.q_momentum or args.cfg.q_stiffness)
+    big = args.p.numel() >= _VJP_CHUNK
+    return args.cfg.detach and not per_chain_curl and big and args.p.device.type == "cpu"
+
+
+def run_compiled_training(args: StepArgs) -> tuple:
+    """:func:`nnsghmc_update` with autograd: the compiled step forward and the compiled
+    recomputing backward (:class:`_CompiledRecompute`); needs detached net inputs."""
+    spec = aot.KernelSpec.of(args)
+    return aot.call_flat(lambda *flat: _CompiledRecompute.apply(spec, *flat), args, spec)
+
+
+def _compiled(spec: aot.KernelSpec) -> Callable:
     fn = _IN_PROCESS.get(spec)
     if fn is None:
         fn = _IN_PROCESS[spec] = torch.compile(_entry(spec), dynamic=False, fullgraph=True)
-    return aot.call_flat(fn, args, spec)
+    return fn
 
 
 def _entry(spec: aot.KernelSpec) -> Callable:
@@ -279,6 +403,8 @@ def run(args: StepArgs, sampler: Any) -> tuple:
         # default is plain) and for sampling on a GPU, where the ahead-of-time package
         # crashed the process at its first call (H200, torch 2.11; speed/device_check.py).
         if asked and reason is None and not first_fd:
+            if recording and _recomputing_pays(args):
+                return run_compiled_training(args)
             return run_compiled_in_process(args)
         if recording:
             return nnsghmc_update(*args)

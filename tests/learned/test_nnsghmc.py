@@ -467,14 +467,18 @@ def test_recomputing_backward_equals_autograd_and_finite_differences(gamma, deta
     [("exact", "momentum"), ("finite_difference", "momentum"), ("finite_difference", "energy"),
      ("exact", "stiffness"), ("exact", "preconditioned")],
 )  # fmt: skip
-def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, curl):
-    # torch.compile with autograd (meta-training's train.compile_steps) is a transformation
-    # of the same function: the meta-gradient of a 5-step unroll equals plain autograd's
-    # (also for the energy-only curl, whose energy input enters per chain, as (K, 1)).
+def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, curl, monkeypatch):
+    # The compiled training step (meta-training's train.compile_steps: the compiled step
+    # forward, the compiled vjp of the same function backward, over chunks of coordinates) is
+    # a transformation of the same function: the meta-gradient of a 5-step unroll equals plain
+    # autograd's, with the 12 coordinates cut into chunks of 5, 5 and 2 (and for the
+    # energy-only curl, compiled with autograd, whose energy input enters per chain, as (K, 1)).
     from metasampler.learned import fast
 
     if fast.compile_unavailable(torch.device("cpu")):
         pytest.skip("no compiler for the compiled step")
+    monkeypatch.setattr(fast, "_VJP_CHUNK", 5)
+    monkeypatch.setattr(fast, "_VJP", {})
     target = SplitPriorTarget()
     init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     sampler = path_sampler(
@@ -490,6 +494,9 @@ def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, curl):
     fast._IN_PROCESS.clear()
     got = meta_gradient("compiled")
     assert len(fast._IN_PROCESS) == 1  # the compiled function ran (one configuration)
+    # its compiled backward (one per set of inputs needing gradients); an energy-only curl is
+    # compiled with autograd instead (fast._recomputing_pays)
+    assert bool(fast._VJP) == (curl != "energy")
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-12)
     assert any(g.abs().sum() > 0 for g in got)
