@@ -214,9 +214,10 @@ _IN_PROCESS: dict[aot.KernelSpec, Callable] = {}
 
 def run_compiled_in_process(args: StepArgs) -> tuple:
     """:func:`nnsghmc_update` through ``torch.compile`` in this process: with autograd
-    recording (meta-training) inductor fuses the forward and the backward of the step into
-    loops over the coordinates; under ``torch.no_grad()`` (sampling on a GPU, where the
-    ahead-of-time package is not used) the nets' units are unrolled into one fused kernel.
+    recording (meta-training where :func:`_recomputing_pays` says no) inductor fuses the
+    forward and the backward of the step into loops over the coordinates; under
+    ``torch.no_grad()`` (sampling on a GPU, where the ahead-of-time package is not used, and
+    the forward of compiled training) the nets' units are unrolled into one fused kernel.
     Shapes are static (they do not change during a run); the first call waits for the
     compile (minutes: ``BENCHMARKS.md``)."""
     spec = aot.KernelSpec.of(args)
@@ -224,9 +225,9 @@ def run_compiled_in_process(args: StepArgs) -> tuple:
 
 
 # -- compiled training: the compiled step forward, a compiled vjp backward --------------------
-# Coordinates per call of the compiled backward on a CPU, whose (H, chunk) intermediates then
-# stay in cache (784-20-10 MLP, K = 20, 10-unit softsign nets: 18.3 ms per step in one call,
-# 9.6 ms in chunks of ~32k coordinates, 11 ms of ~16k; BENCHMARKS.md). A GPU takes one call.
+# Coordinates per call of the compiled backward, whose (H, chunk) intermediates then stay in
+# cache (a probe, 784-20-10 MLP, K = 20, 10-unit softsign nets: 18.3 ms per step in one call,
+# 9.6 ms in chunks of ~32k coordinates, 11 ms of ~16k; BENCHMARKS.md, session 19).
 _VJP_CHUNK = 1 << 15
 _VJP: dict[tuple, Callable] = {}
 
@@ -277,10 +278,9 @@ def _chunked_vjp(
     flat = [x.expand(shape).reshape(-1) if i < n_coords else x for i, x in enumerate(flat)]
     cotangents = [c.reshape(-1) for c in cotangents]
     total = flat[0].numel()
-    chunk = total if flat[0].device.type != "cpu" else _VJP_CHUNK
     parts = []
-    for start in range(0, total, chunk):
-        cut = slice(start, min(total, start + chunk))
+    for start in range(0, total, _VJP_CHUNK):
+        cut = slice(start, min(total, start + _VJP_CHUNK))
         inputs = [x[cut] if i < n_coords else x for i, x in enumerate(flat)]
         parts.append(fn(*inputs, *(c[cut] for c in cotangents)))
     grads = []
