@@ -24,9 +24,11 @@ round's SGHMC block time.
   784-20-10 MLP (D = 15,910), K = 20, batch 500, 10-unit nets; and the 20-D toy Gaussian,
   K = 50, 40-unit nets; tanh units unless the row says softsign. Variants: the default
   (autograd through the step function), the recomputing backward
-  (``step_path="recompute"``) and ``torch.compile`` with autograd
-  (``step_path="compiled"``, what ``train.compile_steps`` selects; its compile falls in the
-  untimed warm-up round); the last two again with the energy-only curl ``Q_f(U)``
+  (``step_path="recompute"``) and the compiled step (``step_path="compiled"``, what
+  ``train.compile_steps`` selects: the step compiled without recording and its compiled
+  ``torch.func.vjp`` over chunks of coordinates on the MLP rows with per-coordinate nets,
+  ``torch.compile`` with autograd on the others; its compile falls in the untimed warm-up
+  round); the last two again with the energy-only curl ``Q_f(U)``
   (``q_momentum_input=False``, as ``configs/mnist_mlp_transfer.yaml`` trains), and the
   compiled one with the stiffness input ``Q_f(U, s_i)`` (``q_stiffness_input=True``), and
   compiled with ``softsign`` units (default curl, and the stiffness input).
