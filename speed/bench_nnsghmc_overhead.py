@@ -14,11 +14,13 @@ round's SGHMC block time.
   without the momentum input, so one net per coordinate instead of three), the 0-4 sampler
   with the stiffness input (``mnist_mlp_0to4_stiffness``: ``Q_f(U, s_i)``, two nets per
   coordinate), ``mnist_mlp_stiffness_softsign`` (the same layout, trained on all digits with
-  ``softsign`` units), and untrained nets of 10 and 40 units (``NNSGHMC(q_hidden=(40,),
-  d_hidden=(40,))`` is the default) with the ``softsign`` activation ``a / (1 + |a|)`` (one
-  division per unit; the default activation since session 17) and 40 units with ``tanh``
-  (its rational form of eleven coefficients; the default before). The warm-up
-  waits for the background compiles, so the timed steps are the steady state.
+  ``softsign`` units), ``mnist_mlp_floor_softsign`` (the shipped file's layout, ``f_Q(U, p)``
+  and ``f_D(U, p, g)`` of 10 units, with ``softsign`` units, exact and FD), and untrained
+  nets of 10 and 40 units (``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` is the default)
+  with the ``softsign`` activation ``a / (1 + |a|)`` (one division per unit; the default
+  activation since session 17) and 40 units with ``tanh`` (its rational form of eleven
+  coefficients; the default before). The warm-up waits for the background compiles, so the
+  timed steps are the steady state.
 * ``meta``: one unrolled meta-training window (W = 5 steps with autograd, then the backward
   of a loss on the final state) per block, divided by W, against an SGHMC sampling step:
   784-20-10 MLP (D = 15,910), K = 20, batch 500, 10-unit nets; and the 20-D toy Gaussian,
@@ -72,6 +74,7 @@ SHIPPED = ROOT / "pretrained" / "mnist_mlp.safetensors"
 TRANSFER = ROOT / "pretrained" / "mnist_mlp_transfer.safetensors"  # energy-only curl
 STIFFNESS = ROOT / "pretrained" / "mnist_mlp_0to4_stiffness.safetensors"  # Q_f(U, s_i)
 SOFTSIGN = ROOT / "pretrained" / "mnist_mlp_stiffness_softsign.safetensors"  # the same, softsign
+FLOOR = ROOT / "pretrained" / "mnist_mlp_floor_softsign.safetensors"  # Q_f(U, p_i), softsign
 
 
 def mlp_target(hidden: tuple[int, ...], n_chains: int = 20, device: str = "cpu"):
@@ -110,6 +113,8 @@ def sampling_variants() -> dict:
         "mnist_mlp_transfer FD": load_sampler(TRANSFER, gamma="finite_difference"),
         "stiffness input exact": load_sampler(STIFFNESS),
         "mnist_mlp_stiffness_softsign exact": load_sampler(SOFTSIGN),
+        "mnist_mlp_floor_softsign exact": load_sampler(FLOOR),
+        "mnist_mlp_floor_softsign FD": load_sampler(FLOOR, gamma="finite_difference"),
         "10-unit softsign exact": built[10, "softsign", "exact"],
         "10-unit softsign FD": built[10, "softsign", "finite_difference"],
         "40-unit tanh exact": built[40, "tanh", "exact"],
