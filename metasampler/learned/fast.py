@@ -30,8 +30,10 @@ The step is one pure, element-wise function of the coordinates
   recording (the nets' units unrolled into one loop, nothing stored) and whose backward is
   ``torch.func.vjp`` of the same function, compiled, over chunks of the coordinates that keep
   its intermediates in cache: it recomputes the step instead of storing the ``(H, K, D)``
-  hidden units of every step. With undetached net inputs (``detach_inputs=False``) the step
-  is compiled with autograd instead (inductor's joint forward and backward).
+  hidden units of every step. Where that does not pay (:func:`_recomputing_pays`: an
+  energy-only curl, small problems, a GPU) or with undetached net inputs
+  (``detach_inputs=False``) the step is compiled with autograd instead (inductor's joint
+  forward and backward).
 * **plain**: the function called directly, with autograd when it records (meta-training's
   default): the reference.
 """
@@ -322,7 +324,7 @@ def _recomputing_pays(args: StepArgs) -> bool:
     """Whether compiled training recomputes the step in its backward
     (:func:`run_compiled_training`) rather than compiling it with autograd, which stores the
     hidden units: measured faster on a CPU for per-coordinate nets over many coordinates
-    (784-20-10 MLP, K = 20: 2.7x -> 1.9x an SGHMC step; BENCHMARKS.md). The stored form stays
+    (784-20-10 MLP, K = 20: 2.8x -> 2.0x an SGHMC step; BENCHMARKS.md). The stored form stays
     for an energy-only curl (its ``f_Q`` runs once per chain there), for small problems (the
     toy's 1,000 coordinates: two calls per step cost more than they save), for undetached net
     inputs, and on a GPU (not measured there)."""
