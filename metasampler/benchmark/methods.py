@@ -232,12 +232,9 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
     decay = options.get(FRICTION)
     if decay is not None:  # the constant friction per step a, replacing the file's
         per_step = sampler.friction_units == "per_step"
-        sampler.c = decay if per_step else decay / _eta_of(sampler, ctx)
+        eta = resolve_eta(sampler.eta, sampler.lr, ctx.n_data, sampler.order)
+        sampler.c = decay if per_step else decay / eta
     return sampler
-
-
-def _eta_of(sampler: Sampler, ctx: BuildContext) -> float:
-    return resolve_eta(sampler.eta, sampler.lr, ctx.n_data, sampler.order)
 
 
 def _cnnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:

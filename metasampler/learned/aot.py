@@ -133,6 +133,17 @@ def _energy_per_chain(spec: KernelSpec) -> bool:
     return not (spec.cfg.q_momentum or spec.stiffness)
 
 
+def energy_index(spec: KernelSpec) -> int:
+    """Where the energy input sits in :func:`flat_inputs` (after theta, p, grad, prior_grad)."""
+    return 3 + spec.prior
+
+
+def n_coordinate_inputs(spec: KernelSpec) -> int:
+    """How many leading entries of :func:`flat_inputs` are coordinate (or per-chain energy)
+    tensors; the scalars and the nets' weights follow them."""
+    return energy_index(spec) + 1 + spec.noise + 4 * spec.cache + spec.stiffness
+
+
 def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
     """The package's inputs: coordinate tensors ``(K, D)``, the energy input ``(K, 1)`` or
     expanded (:func:`_energy_per_chain`), the scalars as one tensor (a float would be baked
@@ -207,7 +218,7 @@ def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], list[dict | None]]:
         else:
             coords(1)
 
-    coords(3 + spec.prior)  # theta, p, grad (, prior_grad)
+    coords(energy_index(spec))  # theta, p, grad (, prior_grad)
     energy()
     coords(spec.noise)
     if spec.cache:
@@ -372,7 +383,7 @@ def call_flat(runner: Callable, args: StepArgs, spec: KernelSpec) -> tuple:
     out = runner(*flat)
     cache = None
     if spec.cfg.gamma == "finite_difference":
-        cache = (flat[3 + spec.prior], *out[3:])  # (the energy input, as passed)
+        cache = (flat[energy_index(spec)], *out[3:])  # (the energy input, as passed)
     return out[0], out[1], out[2], cache
 
 

@@ -234,11 +234,6 @@ _VJP_CHUNK = 1 << 15
 _VJP: dict[tuple, Callable] = {}
 
 
-def _n_coordinate_inputs(spec: aot.KernelSpec) -> int:
-    """How many of :func:`aot.flat_inputs` are coordinate (or per-chain energy) tensors."""
-    return 4 + spec.prior + spec.noise + 4 * spec.cache + spec.stiffness
-
-
 def _differentiable_outputs(out: tuple) -> tuple:
     return (out[0], out[1], *out[3:])  # (the check sum has no gradient)
 
@@ -275,7 +270,7 @@ def _chunked_vjp(
         fn = _VJP[key] = torch.compile(
             _vjp_entry(spec, wanted, len(flat)), dynamic=False, fullgraph=True
         )
-    shape, n_coords = flat[0].shape, _n_coordinate_inputs(spec)
+    shape, n_coords = flat[0].shape, aot.n_coordinate_inputs(spec)
     # (a per-chain energy input (K, 1) is expanded: every coordinate input is then (K, D))
     flat = [x.expand(shape).reshape(-1) if i < n_coords else x for i, x in enumerate(flat)]
     cotangents = [c.reshape(-1) for c in cotangents]
@@ -309,7 +304,7 @@ class _CompiledRecompute(torch.autograd.Function):
     def backward(ctx, *grad_out: Tensor):
         flat = list(ctx.saved_tensors)
         # The energy input only feeds the nets, whose inputs are detached: its gradient is 0.
-        energy = 3 + ctx.spec.prior
+        energy = aot.energy_index(ctx.spec)
         wanted = tuple(i for i, need in enumerate(ctx.needs_input_grad[1:]) if need and i != energy)
         grads: list[Tensor | None] = [None] * len(flat)
         if wanted:
