@@ -30,6 +30,7 @@ __all__ = [
     "ARCHITECTURE",
     "CONSTANTS",
     "DOutput",
+    "QOutput",
     "FRICTION_UNITS",
     "FrictionUnits",
     "GAMMA_MODES",
@@ -82,6 +83,12 @@ Activation = _choices(
 )
 DOutput = _choices(
     "DOutput", "Output transform of ``f_phiD`` (both keep it >= 0).", "softplus", "abs"
+)
+QOutput = _choices(
+    "QOutput",
+    "Output transform of ``f_phiQ``: ``identity`` (either sign) or ``softplus`` (``Q_f >= 0``).",
+    "identity",
+    "softplus",
 )
 EnergyInput = _choices(
     "EnergyInput",
@@ -142,6 +149,16 @@ class NNSGHMCArgs:
         section=ARCHITECTURE,
     )
     d_output: str = _arg("softplus", "keeps ``f_phiD >= 0``.", check=DOutput, section=ARCHITECTURE)
+    q_output: str = _arg(
+        "identity",
+        "output transform of ``f_phiQ``. ``identity`` (004 eq. 9) lets ``Q_f`` take either "
+        "sign, and a curl fed the momentum can change sign as ``|p|`` grows past what "
+        "training saw; a step whose momentum kick and position move use curls of opposite "
+        "signs climbs the energy, which feeds itself (a MNIST-trained sampler diverged so on "
+        "the CNN at every step size, docs/RESULTS.md). ``softplus`` keeps ``Q_f >= 0``: every "
+        "step moves downhill as SGHMC's does. Not in the SPEC.",
+        check=QOutput, section=ARCHITECTURE, since=7,
+    )  # fmt: skip
     q_momentum_input: bool = _arg(
         True,
         "feed ``f_phiQ`` the momentum ``p_i`` as well as the energy (004 eq. 9). ``False``: "
@@ -198,6 +215,18 @@ class NNSGHMCArgs:
         "``D_f``'s derivative, so the sampler stays exact.",
         check="positive_or_none",
         since=2,
+    )
+    momentum_input_clamp: float | None = _arg(
+        None,
+        "the nets see the standardised momentum clamped to ``[-m, m]`` (``None``: unclamped, "
+        "as 004). Beyond what meta-training saw (``|p_hat|`` up to ~4) the nets extrapolate: "
+        "a curl trained on the MNIST MLP changes sign near ``p_hat = 6``, and on the CNN, "
+        "whose stiff coordinates kick the momentum to 10-40 in a few steps, its chains "
+        "diverged at every step size; clamped at 4 they ran (docs/RESULTS.md). Gamma "
+        "differentiates the clamped input (0 beyond ``m``), so the sampler stays exact. A "
+        "constant: settable on a loaded sampler (not in the SPEC; #11).",
+        check="positive_or_none",
+        since=7,
     )
     grad_input: str = _arg(
         "standardised",

@@ -247,13 +247,14 @@ def test_header_contents(saved):
     sampler, path = saved
     header = read_header(path)
     assert header["format"] == FORMAT == "metasampler.nnsghmc"
-    assert header["format_version"] == FORMAT_VERSION == 6
+    assert header["format_version"] == FORMAT_VERSION == 7
     assert header["checksum"]["algorithm"] == CHECKSUM_FULL
     assert header["architecture"] == {
         "q_hidden": [8, 6],
         "d_hidden": [5],
         "activation": "softplus",
         "d_output": "abs",
+        "q_output": "identity",
         "q_momentum_input": True,
         "q_stiffness_input": False,
         "dtype": "float32",
@@ -471,14 +472,14 @@ def test_wrong_format_name(saved, tmp_path):
         load_sampler(bad)
 
 
-@pytest.mark.parametrize("version", [99, 0, "1", 7])
+@pytest.mark.parametrize("version", [99, 0, "1", 8])
 def test_other_format_version(saved, tmp_path, version):
     _, path = saved
     bad = rewrite(
         path, tmp_path / "v.safetensors", header=lambda h: h.update(format_version=version)
     )
     message = f"written by format version {version!r}; this metasampler reads versions "
-    message += "1, 2, 3, 4, 5 and 6"
+    message += "1, 2, 3, 4, 5, 6 and 7"
     with pytest.raises(SamplerFileError, match=re.escape(message)):
         load_sampler(bad)
     assert read_header(bad)["format_version"] == version  # inspection still works
@@ -487,14 +488,14 @@ def test_other_format_version(saved, tmp_path, version):
 def as_version_1(header: dict) -> None:
     """A version-1 header: written before d_clamp, grad_input and friction_units (version 2),
     energy_input (version 3), q_momentum_input (version 4), q_stiffness_input and
-    stiffness_decay (version 5), precondition_power and precondition_range (version 6)
-    existed."""
+    stiffness_decay (version 5), precondition_power and precondition_range (version 6),
+    q_output and momentum_input_clamp (version 7) existed."""
     header["format_version"] = 1
-    for name in ("q_momentum_input", "q_stiffness_input"):
+    for name in ("q_output", "q_momentum_input", "q_stiffness_input"):
         del header["architecture"][name]
     for name in (
         "d_clamp", "grad_input", "friction_units", "energy_input", "stiffness_decay",
-        "precondition_power", "precondition_range",
+        "precondition_power", "precondition_range", "momentum_input_clamp",
     ):  # fmt: skip
         del header["constants"][name]
     header["checksum"]["algorithm"] = "sha256"  # over the tensors only (set by rewrite)

@@ -94,6 +94,9 @@ class NNSGHMCMethod(MethodGrid):
     # level chosen on the validation split (issue #11).
     momentum_decay: float | None = None
     momentum_decay_grid: list[float] = field(default_factory=list)
+    # The nets' momentum input clamped to [-m, m] (the sampler's `momentum_input_clamp`): null
+    # keeps the file's value; a value replaces it (a file trained without it, issue #11).
+    momentum_input_clamp: float | None = None
 
 
 @dataclass
@@ -234,6 +237,8 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
         per_step = sampler.friction_units == "per_step"
         eta = resolve_eta(sampler.eta, sampler.lr, ctx.n_data, sampler.order)
         sampler.c = decay if per_step else decay / eta
+    if options.get("momentum_input_clamp") is not None:
+        sampler.momentum_input_clamp = float(options["momentum_input_clamp"])
     return sampler
 
 
@@ -410,7 +415,7 @@ def build_method(
 # --------------------------------------------------------------------------------------------
 # Validation of a config section (experiments.benchmark_config)
 # --------------------------------------------------------------------------------------------
-_POSITIVE_OPTIONS = ("momentum_decay", "lam")
+_POSITIVE_OPTIONS = ("momentum_decay", "lam", "momentum_input_clamp")
 _UNIT_INTERVAL_OPTIONS = ("momentum", "beta", "explore_fraction")
 
 

@@ -25,7 +25,7 @@ _FD_MIN_STEP = 1e-4
 SCALARS = (
     "eta", "temperature", "inv_sp", "g_scale", "du_scale", "prior_w", "alpha", "c", "s_d",
     "q_clamp", "beta_off", "d_clamp", "grad_noise_var", "precond_power", "precond_ref",
-    "precond_range",
+    "precond_range", "p_clamp",
 )  # fmt: skip
 
 
@@ -43,6 +43,8 @@ class StepConfig:
     q_stiffness: bool = False  # f_phiQ also takes the per-coordinate stiffness (constant in z)
     noise_correction: bool = False  # grad_noise_var > 0: subtract the gradient noise's heating
     precondition: bool = False  # the curl is scaled by P(stiffness) (precondition_power > 0)
+    q_output: str = "identity"  # f_phiQ's output transform ("softplus": Q_f >= 0)
+    clamp_p: bool = False  # the nets' momentum input is clamped (momentum_input_clamp is set)
 
 
 # -- the NNSGHMC equations, written once ------------------------------------------------------
@@ -51,6 +53,19 @@ def _secant(numerator: Tensor, denominator: Tensor) -> Tensor:
     also in the backward pass)."""
     ok = denominator.abs() >= _FD_MIN_STEP
     return torch.where(ok, numerator / torch.where(ok, denominator, 1.0), 0.0)
+
+
+def _momentum_input(p_hat: Tensor, v, cfg: StepConfig) -> tuple[Tensor, Tensor | None]:
+    """The nets' momentum input ``clamp(p_hat, -p_clamp, p_clamp)`` and where its derivative
+    is 1 (``None``: no clamp, everywhere)."""
+    if not cfg.clamp_p:
+        return p_hat, None
+    return p_hat.clamp(-v["p_clamp"], v["p_clamp"]), p_hat.abs() < v["p_clamp"]
+
+
+def _masked(derivative: Tensor, inside: Tensor | None) -> Tensor:
+    """A derivative with respect to ``p_hat`` through the clamp of :func:`_momentum_input`."""
+    return derivative if inside is None else torch.where(inside, derivative, 0.0)
 
 
 def _curl(
@@ -62,7 +77,8 @@ def _curl(
     cfg: StepConfig,
     wrt: Sequence[int],
 ):
-    """``Q_f = beta_off + clamp(f_phiQ(u, p_hat, s))`` and ``dQ_f / d(u, p_hat)[wrt]``, at the
+    """``Q_f = beta_off + clamp(f_phiQ(u, p_hat, s))`` (``f_phiQ``'s output transform
+    ``cfg.q_output``) and ``dQ_f / d(u, p_hat)[wrt]``, at the
     shape of ``p_hat``; without the momentum input ``dQ_f / dp_hat`` is ``None`` (zero).
 
     SPEC §3 (004 eq. 9) feeds ``f_phiQ`` the energy and the momentum. ``cfg.q_momentum=False``
@@ -72,15 +88,17 @@ def _curl(
     (``q_stiffness_input``), built from earlier steps only: a constant of ``z``, so no term of
     Gamma differentiates it. ``cfg.precondition`` multiplies ``Q_f`` and its derivatives by
     the preconditioner ``P(s)``, also a constant of ``z``."""
-    inputs = [u, p_hat] if cfg.q_momentum else [u]
+    p_in, p_inside = _momentum_input(p_hat, v, cfg)
+    inputs = [u, p_in] if cfg.q_momentum else [u]
     n_differentiable = len(inputs)
     if cfg.q_stiffness:
         inputs.append(stiffness)
     present = [f for f in wrt if f < n_differentiable]
-    raw, grads = coordinate_mlp(q_net, inputs, cfg.activation, "identity", present)
+    raw, grads = coordinate_mlp(q_net, inputs, cfg.activation, cfg.q_output, present)
     inside = raw.abs() < v["q_clamp"]
     q = raw.clamp(-v["q_clamp"], v["q_clamp"]) + v["beta_off"]
     grads = [torch.where(inside, g, 0.0).expand_as(p_hat) for g in grads]
+    grads = [_masked(g, p_inside) if f == 1 else g for f, g in zip(present, grads, strict=True)]
     if cfg.precondition:
         scale = _preconditioner(stiffness, v)
         q, grads = q * scale, [g * scale for g in grads]
@@ -115,8 +133,9 @@ def nnsghmc_coefficients(
     """
     exact = cfg.gamma == "exact"
     q, dq = _curl(q_net, u, p_hat, stiffness, v, cfg, (0, 1) if exact else ())
+    p_in, p_inside = _momentum_input(p_hat, v, cfg)
     fd, dfd = coordinate_mlp(
-        d_net, [u, p_hat, g_hat], cfg.activation, cfg.d_output, (1,) if exact else ()
+        d_net, [u, p_in, g_hat], cfg.activation, cfg.d_output, (1,) if exact else ()
     )
     d = v["alpha"] * q * q + v["s_d"] * fd + v["c"]
     # dD_f/dD_raw: 1/eta in per-step units, 0 where the clamp binds (Gamma of the clamped D_f)
@@ -128,13 +147,14 @@ def nnsghmc_coefficients(
         factor = torch.where(d < v["d_clamp"], factor, 0.0)
         d = torch.minimum(d, torch.as_tensor(v["d_clamp"], dtype=d.dtype))
     if exact:
-        (dq_du, dq_dph), dfd_dph = dq, dfd[0]
+        (dq_du, dq_dph), dfd_dph = dq, _masked(dfd[0], p_inside)
     elif cfg.gamma == "finite_difference" and cache is not None:
         u_prev, q_prev, p_hat_prev, dq_dph = cache  # dQ_f/dp: last step's secant (004 eq. 22)
         # d f_Q/du ~ (f_Q(u_t, p_t) - f_Q(u_{t-1}, p_t)) / (u_t - u_{t-1}): the second value
         # is the previous step's Q(z~); d f_D/dp a secant at fixed (u_t, g_t).
         dq_du = _secant(q - q_prev, u - u_prev)
-        fd_prev, _ = coordinate_mlp(d_net, [u, p_hat_prev, g_hat], cfg.activation, cfg.d_output)
+        p_prev_in, _ = _momentum_input(p_hat_prev, v, cfg)
+        fd_prev, _ = coordinate_mlp(d_net, [u, p_prev_in, g_hat], cfg.activation, cfg.d_output)
         dfd_dph = _secant(fd - fd_prev, p_hat - p_hat_prev)
     else:
         return q, d, None, None

@@ -3,7 +3,7 @@
 State ``z = (theta, p)``, Hamiltonian ``H = U(theta) + p.p / 2``, target ``exp(-H / T)``.
 Diagonal curl and diffusion from per-coordinate nets with shared weights (SPEC §3)::
 
-    Q_f,i = beta_off + clamp(f_phiQ(u, p_i), -q_clamp, q_clamp)
+    Q_f,i = beta_off + clamp(f_phiQ(u, p_i), -q_clamp, q_clamp)   (f_phiQ >= 0: q_output)
     D_f,i = clamp((alpha * Q_f,i^2 + s_D * f_phiD(u, p_i, g_i) + c) / e, 0, d_clamp)   (f_phiD >= 0)
 
     Q = [[0, -Q_f], [Q_f, 0]],   D = [[0, 0], [0, D_f]]
@@ -21,7 +21,8 @@ where ``d D_f,i / d p_i`` is that of the clamped ``D_f`` (0 where the clamp bind
 
 Net inputs (004 appendix E): ``u = s_U * (U_pd - mu_U) / sigma_U`` with the per-datum energy
 ``U_pd = (Ũ - (1 - r) * prior) / N`` (``= mean_m -log p(y_m|x_m, theta) - r/N log p(theta)``,
-``r = D_train / D_test``), ``p_hat_i = p_i / sigma_p`` and the gradient input
+``r = D_train / D_test``), ``p_hat_i = p_i / sigma_p`` (clamped to ``[-m, m]`` with
+``momentum_input_clamp = m``: Gamma differentiates the clamp) and the gradient input
 ``g_i = s_g * d_i Ũ / sigma_g`` (``grad_input="standardised"``) or ``g_i = s_g * d_i Ũ / N``
 (``grad_input="per_datum"``, the paper's; no calibrated statistic). Options not in the SPEC
 (#11): ``f_phiQ`` without ``p_i`` (``q_momentum_input=False``), and with the stiffness
@@ -191,7 +192,7 @@ class NNSGHMC(nn.Module, Sampler):
         q_inputs = 1 + args.q_momentum_input + args.q_stiffness_input
         self.q_momentum_input = args.q_momentum_input
         self.q_stiffness_input = args.q_stiffness_input
-        self.f_q = CoordinateMLP(q_inputs, args.q_hidden, args.activation, "identity")
+        self.f_q = CoordinateMLP(q_inputs, args.q_hidden, args.activation, args.q_output)
         self.f_d = CoordinateMLP(3, args.d_hidden, args.activation, args.d_output)
         if seed is not None:
             generator = torch.Generator().manual_seed(int(seed))
@@ -231,6 +232,7 @@ class NNSGHMC(nn.Module, Sampler):
             d_hidden=tuple(self.f_d.hidden),
             activation=self.f_q.activation,
             d_output=self.f_d.output,
+            q_output=self.f_q.output,
             q_momentum_input=self.q_momentum_input,
             q_stiffness_input=self.q_stiffness_input,
             **{f.name: getattr(self, f.name) for f in arg_fields(CONSTANTS)},
@@ -285,15 +287,18 @@ class NNSGHMC(nn.Module, Sampler):
             "precond_power": self.precondition_power,
             "precond_ref": 0.0,  # the median stiffness of the step (`_stiffness_given`)
             "precond_range": self.precondition_range,
+            "p_clamp": math.inf if self.momentum_input_clamp is None else self.momentum_input_clamp,
         }
 
     def _config(self, gamma: str, detach: bool) -> StepConfig:
         return StepConfig(
             activation=self.f_q.activation,
             d_output=self.f_d.output,
+            q_output=self.f_q.output,
             gamma=gamma,
             per_step=self.friction_units == "per_step",
             clamp_d=self.d_clamp is not None,
+            clamp_p=self.momentum_input_clamp is not None,
             detach=detach,
             q_momentum=self.q_momentum_input,
             q_stiffness=self.q_stiffness_input,
@@ -454,7 +459,8 @@ class NNSGHMC(nn.Module, Sampler):
         return (
             f"{step}, gamma={self.gamma}, beta_off={self.beta_off}, alpha={self.alpha}, "
             f"c={self.c}, q_clamp={self.q_clamp}, d_output_scale={self.d_output_scale}, "
-            f"d_clamp={self.d_clamp}, grad_input={self.grad_input}, "
+            f"d_clamp={self.d_clamp}, momentum_input_clamp={self.momentum_input_clamp}, "
+            f"grad_input={self.grad_input}, "
             f"friction_units={self.friction_units}"
         )
 

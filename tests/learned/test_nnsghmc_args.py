@@ -21,12 +21,14 @@ from metasampler.sampler_write import build_header
 pytestmark = pytest.mark.filterwarnings("ignore:NNSGHMC\\(gamma='none'\\)")
 
 NON_DEFAULT = dict(
-    q_hidden=(4, 3), d_hidden=(5,), activation="relu", d_output="abs", beta_off=-0.5,
+    q_hidden=(4, 3), d_hidden=(5,), activation="relu", d_output="abs", q_output="softplus",
+    beta_off=-0.5,
     alpha=0.1, c=0.2, q_clamp=3.0, d_output_scale=2.0, energy_input_scale=1.5,
     grad_input_scale=70.0, gamma="none", momentum_init="zeros",
     detach_inputs=False, d_clamp=5.0, grad_input="per_datum", friction_units="per_step",
     energy_input="per_coordinate", q_momentum_input=False, q_stiffness_input=True,
     stiffness_decay=0.9, precondition_power=0.5, precondition_range=3.0,
+    momentum_input_clamp=4.0,
 )  # fmt: skip
 
 
