@@ -228,6 +228,18 @@ class NNSGHMCArgs:
         check="positive_or_none",
         since=7,
     )
+    speed_limit: float | None = _arg(
+        None,
+        "``m``: the curl is multiplied by ``(1 + (p_hat / m)^2)^(-1/2)``, so a coordinate "
+        "moves at most about ``eta Q_f m sigma_p`` per step however large its momentum "
+        "(``None``: no limit, as 004). A stiff coordinate whose momentum is kicked far beyond "
+        "training's range then cannot overshoot by more than that: on the CNN a MNIST "
+        "sampler's stiff coordinates reached ``|p_hat| ~ 300`` at the step SGHMC runs at "
+        "(docs/RESULTS.md). A function of ``z``: Gamma differentiates it (also without "
+        "``q_momentum_input``). A constant: settable on a loaded sampler (not in the SPEC; #11).",
+        check="positive_or_none",
+        since=7,
+    )
     grad_input: str = _arg(
         "standardised",
         "``standardised`` (``s_g * grad Ũ / sigma_g``) or ``per_datum`` (``s_g * grad Ũ / N``, "

@@ -13,7 +13,8 @@ and RMS of the standardised gradient ``g_hat``, RMS of the standardised momentum
 the last step's gradient); for a curl with the stiffness input, the 10th, 50th and 90th
 percentiles of ``s_i = log(eta sqrt(V_i))``; and the test error and NLL of the ensemble of the
 current chains. ``--alpha-per-step`` and ``--d-scale`` change the friction for
-an ablation. SGHMC's friction per step in the benchmark is ``momentum_decay`` (0.01): a
+an ablation; ``--momentum-input-clamp`` and ``--speed-limit`` replace the file's constants.
+SGHMC's friction per step in the benchmark is ``momentum_decay`` (0.01): a
 sampler whose per-step friction is far above it moves like an over-damped (slow) SGHMC.
 """
 
@@ -46,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--d-scale", type=float, default=1.0, help="multiply the file's f_D output scale s_D"
     )
+    for name in ("momentum-input-clamp", "speed-limit"):
+        parser.add_argument(f"--{name}", type=float, default=None, help="replace the file's")
     return parser.parse_args(argv)
 
 
@@ -60,6 +63,8 @@ def build_sampler(args: argparse.Namespace, cfg, problem):
     options = OmegaConf.to_container(cfg.methods.nnsghmc, resolve=True)
     if args.alpha_per_step is not None:
         options["alpha_per_step"] = args.alpha_per_step
+    options["momentum_input_clamp"] = args.momentum_input_clamp
+    options["speed_limit"] = args.speed_limit
     sampler = build_method(
         "nnsghmc",
         options,

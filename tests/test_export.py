@@ -489,13 +489,13 @@ def as_version_1(header: dict) -> None:
     """A version-1 header: written before d_clamp, grad_input and friction_units (version 2),
     energy_input (version 3), q_momentum_input (version 4), q_stiffness_input and
     stiffness_decay (version 5), precondition_power and precondition_range (version 6),
-    q_output and momentum_input_clamp (version 7) existed."""
+    q_output, momentum_input_clamp and speed_limit (version 7) existed."""
     header["format_version"] = 1
     for name in ("q_output", "q_momentum_input", "q_stiffness_input"):
         del header["architecture"][name]
     for name in (
         "d_clamp", "grad_input", "friction_units", "energy_input", "stiffness_decay",
-        "precondition_power", "precondition_range", "momentum_input_clamp",
+        "precondition_power", "precondition_range", "momentum_input_clamp", "speed_limit",
     ):  # fmt: skip
         del header["constants"][name]
     header["checksum"]["algorithm"] = "sha256"  # over the tensors only (set by rewrite)

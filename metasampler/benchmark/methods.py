@@ -94,9 +94,11 @@ class NNSGHMCMethod(MethodGrid):
     # level chosen on the validation split (issue #11).
     momentum_decay: float | None = None
     momentum_decay_grid: list[float] = field(default_factory=list)
-    # The nets' momentum input clamped to [-m, m] (the sampler's `momentum_input_clamp`): null
-    # keeps the file's value; a value replaces it (a file trained without it, issue #11).
+    # The nets' momentum input clamped to [-m, m] and the curl's speed limit (the sampler's
+    # `momentum_input_clamp` and `speed_limit`): null keeps the file's value; a value replaces
+    # it (a file trained without them, issue #11).
     momentum_input_clamp: float | None = None
+    speed_limit: float | None = None
 
 
 @dataclass
@@ -225,6 +227,10 @@ def _cycles(options: Mapping[str, Any], ctx: BuildContext) -> dict[str, Any]:
     }
 
 
+# Constants of the sampler file an NNSGHMC section may replace (null keeps the file's).
+_FILE_CONSTANTS = ("momentum_input_clamp", "speed_limit")
+
+
 def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:
     if ctx.sampler_path is None:
         raise ValueError("nnsghmc needs a sampler file (sampler_path or --sampler)")
@@ -237,8 +243,9 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
         per_step = sampler.friction_units == "per_step"
         eta = resolve_eta(sampler.eta, sampler.lr, ctx.n_data, sampler.order)
         sampler.c = decay if per_step else decay / eta
-    if options.get("momentum_input_clamp") is not None:
-        sampler.momentum_input_clamp = float(options["momentum_input_clamp"])
+    for name in _FILE_CONSTANTS:
+        if options.get(name) is not None:
+            setattr(sampler, name, float(options[name]))
     return sampler
 
 
@@ -415,7 +422,7 @@ def build_method(
 # --------------------------------------------------------------------------------------------
 # Validation of a config section (experiments.benchmark_config)
 # --------------------------------------------------------------------------------------------
-_POSITIVE_OPTIONS = ("momentum_decay", "lam", "momentum_input_clamp")
+_POSITIVE_OPTIONS = ("momentum_decay", "lam", "momentum_input_clamp", "speed_limit")
 _UNIT_INTERVAL_OPTIONS = ("momentum", "beta", "explore_fraction")
 
 

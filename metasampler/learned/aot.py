@@ -130,7 +130,7 @@ def _energy_per_chain(spec: KernelSpec) -> bool:
     compiled step). When the curl also takes the momentum, the energy feeds per-coordinate
     units anyway and a ``(K, 1)`` operand splits the fused loop, storing every hidden unit
     (26 -> 66 ms), so it is expanded; so it is when the curl takes the stiffness."""
-    return not (spec.cfg.q_momentum or spec.stiffness)
+    return not (spec.cfg.curl_sees_momentum or spec.stiffness)
 
 
 def energy_index(spec: KernelSpec) -> int:

@@ -25,7 +25,7 @@ _FD_MIN_STEP = 1e-4
 SCALARS = (
     "eta", "temperature", "inv_sp", "g_scale", "du_scale", "prior_w", "alpha", "c", "s_d",
     "q_clamp", "beta_off", "d_clamp", "grad_noise_var", "precond_power", "precond_ref",
-    "precond_range", "p_clamp",
+    "precond_range", "p_clamp", "speed_limit",
 )  # fmt: skip
 
 
@@ -45,6 +45,12 @@ class StepConfig:
     precondition: bool = False  # the curl is scaled by P(stiffness) (precondition_power > 0)
     q_output: str = "identity"  # f_phiQ's output transform ("softplus": Q_f >= 0)
     clamp_p: bool = False  # the nets' momentum input is clamped (momentum_input_clamp is set)
+    limit_speed: bool = False  # Q_f / sqrt(1 + (p_hat / m)^2) (speed_limit is set)
+
+    @property
+    def curl_sees_momentum(self) -> bool:
+        """Whether ``Q_f`` depends on ``p`` (then ``Q_f(z~)`` differs from ``Q_f(z)``)."""
+        return self.q_momentum or self.limit_speed
 
 
 # -- the NNSGHMC equations, written once ------------------------------------------------------
@@ -68,6 +74,14 @@ def _masked(derivative: Tensor, inside: Tensor | None) -> Tensor:
     return derivative if inside is None else torch.where(inside, derivative, 0.0)
 
 
+def _speed_factor(p_hat: Tensor, v) -> tuple[Tensor, Tensor]:
+    """``r = (1 + (p_hat / m)^2)^(-1/2)`` and ``dr / dp_hat = -p_hat r^3 / m^2``: the curl
+    times ``r`` moves a coordinate by at most about ``eta Q_f m sigma_p`` per step."""
+    x = p_hat / v["speed_limit"]
+    r = torch.rsqrt(1.0 + x * x)
+    return r, -x * r * r * r / v["speed_limit"]
+
+
 def _curl(
     q_net: NetParams,
     u: Tensor,
@@ -86,8 +100,10 @@ def _curl(
     learned a bias in the toy transfer's stiff directions (docs/RESULTS.md, #11); Gamma stays
     exact, its ``dQ_f/dp`` terms being zero. ``cfg.q_stiffness`` adds the stiffness ``s``
     (``q_stiffness_input``), built from earlier steps only: a constant of ``z``, so no term of
-    Gamma differentiates it. ``cfg.precondition`` multiplies ``Q_f`` and its derivatives by
-    the preconditioner ``P(s)``, also a constant of ``z``."""
+    Gamma differentiates it. ``cfg.limit_speed`` multiplies ``Q_f`` by the speed factor of
+    :func:`_speed_factor` (product rule in the derivatives; with or without the momentum
+    input, ``Q_f`` then depends on ``p_hat``). ``cfg.precondition`` multiplies
+    ``Q_f`` and its derivatives by the preconditioner ``P(s)``, also a constant of ``z``."""
     p_in, p_inside = _momentum_input(p_hat, v, cfg)
     inputs = [u, p_in] if cfg.q_momentum else [u]
     n_differentiable = len(inputs)
@@ -98,11 +114,17 @@ def _curl(
     inside = raw.abs() < v["q_clamp"]
     q = raw.clamp(-v["q_clamp"], v["q_clamp"]) + v["beta_off"]
     grads = [torch.where(inside, g, 0.0).expand_as(p_hat) for g in grads]
-    grads = [_masked(g, p_inside) if f == 1 else g for f, g in zip(present, grads, strict=True)]
+    derivs = {f: _masked(g, p_inside) if f == 1 else g for f, g in zip(present, grads, strict=True)}
+    if cfg.limit_speed:  # Q_f r(p_hat): the product rule
+        r, dr = _speed_factor(p_hat, v)
+        derivs = {f: g * r for f, g in derivs.items()}
+        if 1 in wrt:
+            derivs[1] = derivs.get(1, 0.0) + q * dr
+        q = q * r
     if cfg.precondition:
         scale = _preconditioner(stiffness, v)
-        q, grads = q * scale, [g * scale for g in grads]
-    return q.expand_as(p_hat), grads + [None] * (len(wrt) - len(present))
+        q, derivs = q * scale, {f: g * scale for f, g in derivs.items()}
+    return q.expand_as(p_hat), [derivs.get(f) for f in wrt]
 
 
 def _preconditioner(stiffness: Tensor, v) -> Tensor:
@@ -210,12 +232,12 @@ def nnsghmc_update(
     if cfg.detach:
         new_p_hat = new_p_hat.detach()
     exact = cfg.gamma == "exact"
-    q_tilde, dqt_dph, new_cache = q, None, None  # Q_f(z~) = Q_f(z) without the momentum input
-    if cfg.q_momentum:
+    q_tilde, dqt_dph, new_cache = q, None, None  # Q_f(z~) = Q_f(z) if Q_f does not see p
+    if cfg.curl_sees_momentum:
         q_tilde, dq = _curl(q_net, u, new_p_hat, stiffness, v, cfg, (1,) if exact else ())
         dqt_dph = dq[0] if exact else None
     if cfg.gamma == "finite_difference":
-        if cfg.q_momentum:
+        if cfg.curl_sees_momentum:
             dqt_dph = _secant(q_tilde - q, new_p_hat - p_hat)
         new_cache = (u, q_tilde, p_hat, torch.zeros_like(q) if dqt_dph is None else dqt_dph)
     gamma_theta = None if dqt_dph is None else -dqt_dph * v["inv_sp"]

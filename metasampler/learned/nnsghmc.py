@@ -3,7 +3,8 @@
 State ``z = (theta, p)``, Hamiltonian ``H = U(theta) + p.p / 2``, target ``exp(-H / T)``.
 Diagonal curl and diffusion from per-coordinate nets with shared weights (SPEC §3)::
 
-    Q_f,i = beta_off + clamp(f_phiQ(u, p_i), -q_clamp, q_clamp)   (f_phiQ >= 0: q_output)
+    Q_f,i = (beta_off + clamp(f_phiQ(u, p_i), -q_clamp, q_clamp)) r_i   (f_phiQ >= 0: q_output)
+    r_i   = (1 + (p_hat_i / m)^2)^(-1/2)   (m = speed_limit; r_i = 1 without one)
     D_f,i = clamp((alpha * Q_f,i^2 + s_D * f_phiD(u, p_i, g_i) + c) / e, 0, d_clamp)   (f_phiD >= 0)
 
     Q = [[0, -Q_f], [Q_f, 0]],   D = [[0, 0], [0, D_f]]
@@ -288,6 +289,7 @@ class NNSGHMC(nn.Module, Sampler):
             "precond_ref": 0.0,  # the median stiffness of the step (`_stiffness_given`)
             "precond_range": self.precondition_range,
             "p_clamp": math.inf if self.momentum_input_clamp is None else self.momentum_input_clamp,
+            "speed_limit": math.inf if self.speed_limit is None else self.speed_limit,
         }
 
     def _config(self, gamma: str, detach: bool) -> StepConfig:
@@ -299,6 +301,7 @@ class NNSGHMC(nn.Module, Sampler):
             per_step=self.friction_units == "per_step",
             clamp_d=self.d_clamp is not None,
             clamp_p=self.momentum_input_clamp is not None,
+            limit_speed=self.speed_limit is not None,
             detach=detach,
             q_momentum=self.q_momentum_input,
             q_stiffness=self.q_stiffness_input,
@@ -460,6 +463,7 @@ class NNSGHMC(nn.Module, Sampler):
             f"{step}, gamma={self.gamma}, beta_off={self.beta_off}, alpha={self.alpha}, "
             f"c={self.c}, q_clamp={self.q_clamp}, d_output_scale={self.d_output_scale}, "
             f"d_clamp={self.d_clamp}, momentum_input_clamp={self.momentum_input_clamp}, "
+            f"speed_limit={self.speed_limit}, "
             f"grad_input={self.grad_input}, "
             f"friction_units={self.friction_units}"
         )

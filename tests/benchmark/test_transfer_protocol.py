@@ -497,22 +497,24 @@ def test_the_learned_samplers_constant_friction_is_tuned_like_the_others(tmp_pat
     assert f"| NNSGHMC | {entry['lr']:g} | {entry['momentum_decay']:g} |" in table
 
 
-def test_the_learned_samplers_momentum_input_clamp_can_be_set_for_a_file(tmp_path):
-    """``methods.nnsghmc.momentum_input_clamp`` sets the clamp of the nets' momentum input on
-    a file trained without one (null keeps the file's); a value <= 0 is a config error."""
+@pytest.mark.parametrize("name", ["momentum_input_clamp", "speed_limit"])
+def test_the_learned_samplers_momentum_constants_can_be_set_for_a_file(tmp_path, name):
+    """``methods.nnsghmc.momentum_input_clamp`` / ``speed_limit`` set the clamp of the nets'
+    momentum input / the curl's speed limit on a file trained without one (null keeps the
+    file's); a value <= 0 is a config error."""
     path = tmp_path / "s.safetensors"
     sampler = _nnsghmc(c=0.3, friction_units="per_step")
     sampler.save(str(path))
     kept = build_method("nnsghmc", {}, 0.02, n_data=120, n_steps=10, sampler_path=path)
-    options = {"momentum_input_clamp": 4.0}
+    options = {name: 4.0}
     set_ = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=path)
-    assert kept.momentum_input_clamp is None and set_.momentum_input_clamp == 4.0
-    theta, p = torch.zeros(1, 3), torch.tensor([[0.5, 6.0, -9.0]])
+    assert getattr(kept, name) is None and getattr(set_, name) == 4.0
+    theta, p = torch.zeros(1, 3), torch.tensor([[0.0, 6.0, -9.0]])
     target = EnergyTarget(lambda x: 0.5 * (x**2).sum(-1), dim=3)
     q_kept, q_set = (s.drift_terms(theta, p, target).q for s in (kept, set_))
     assert q_kept[0, 0] == q_set[0, 0] and not torch.equal(q_kept[0, 1:], q_set[0, 1:])
-    with pytest.raises(ConfigError, match="momentum_input_clamp"):
-        load_benchmark_config(None, ["methods.nnsghmc.momentum_input_clamp=-1.0"])
+    with pytest.raises(ConfigError, match=name):
+        load_benchmark_config(None, [f"methods.nnsghmc.{name}=-1.0"])
 
 
 def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:

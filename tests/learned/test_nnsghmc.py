@@ -195,12 +195,18 @@ def test_exact_gamma_equals_brute_force_jacobian(
 
 
 @pytest.mark.parametrize("q_output", ["identity", "softplus"])
-def test_exact_gamma_with_a_binding_momentum_input_clamp_equals_brute_force_jacobian(q_output):
+@pytest.mark.parametrize("speed_limit", [None, 0.8])
+def test_exact_gamma_with_a_binding_momentum_input_clamp_equals_brute_force_jacobian(
+    q_output, speed_limit
+):
     # The nets see clamp(p_hat, -m, m): Gamma must differentiate the clamp (0 beyond m), in
-    # the curl's and the friction's momentum derivatives alike.
+    # the curl's and the friction's momentum derivatives alike; and the curl's speed factor
+    # (1 + (p_hat / m)^2)^(-1/2), a function of p_hat on both sides of the clamp.
     torch.manual_seed(1)
     target = SplitPriorTarget()
-    sampler = split_prior_sampler(momentum_input_clamp=0.5, q_output=q_output)
+    sampler = split_prior_sampler(
+        momentum_input_clamp=0.5, q_output=q_output, speed_limit=speed_limit
+    )
     clamped = 0
     for _ in range(4):
         theta = torch.randn(1, 3, dtype=torch.float64)
@@ -211,11 +217,36 @@ def test_exact_gamma_with_a_binding_momentum_input_clamp_equals_brute_force_jaco
         got = torch.cat([terms.gamma_theta[0], terms.gamma_p[0]])
         torch.testing.assert_close(got.detach(), expected, atol=1e-10, rtol=1e-8)
     assert 0 < clamped < 12  # both sides of the clamp were checked
-    unclamped = split_prior_sampler(q_output=q_output)
+    unclamped = split_prior_sampler(q_output=q_output, speed_limit=speed_limit)
     theta, p = torch.randn(1, 3, dtype=torch.float64), torch.full((1, 3), 1.7 * 3.0).double()
     with_clamp = sampler.drift_terms(theta, p, target).gamma_theta
     without = unclamped.drift_terms(theta, p, target).gamma_theta
-    assert with_clamp.abs().max() == 0 < without.abs().max()  # the clamp binds at p_hat = 3
+    if speed_limit is None:  # the clamp binds at p_hat = 3: nothing of Q_f depends on p
+        assert with_clamp.abs().max() == 0 < without.abs().max()
+    else:  # only the speed factor does
+        assert with_clamp.abs().min() > 0
+
+
+def test_the_speed_limit_bounds_a_coordinates_move_per_step():
+    # |Q_f(p) p| <= max|f_Q| m sigma_p with the limit, and grows with |p| without it.
+    target = SplitPriorTarget()
+    theta = torch.zeros(1, 3, dtype=torch.float64)
+    p = torch.tensor([[1.7, 17.0, 170.0]], dtype=torch.float64)  # p_hat 1, 10, 100
+    moves = {}
+    for limit in (None, 2.0):
+        sampler = split_prior_sampler(q_output="softplus", speed_limit=limit, beta_off=0.0)
+        moves[limit] = (sampler.drift_terms(theta, p, target).q * p).abs()[0]
+    assert moves[None][2] > 5 * moves[None][1]
+    bound = sampler.q_clamp * 2.0 * 1.7
+    assert moves[2.0].max() <= bound and moves[2.0][2] < 1.2 * moves[2.0][1]
+    # An energy-only curl with the limit depends on p through it alone: Gamma_theta from it.
+    sampler = split_prior_sampler(q_momentum_input=False, speed_limit=0.8)
+    theta, p = torch.randn(1, 3, dtype=torch.float64), torch.randn(1, 3, dtype=torch.float64)
+    expected = brute_force_gamma(sampler, target, theta, p)
+    terms = sampler.drift_terms(theta.clone().requires_grad_(True), p, target)
+    got = torch.cat([terms.gamma_theta[0], terms.gamma_p[0]])
+    torch.testing.assert_close(got.detach(), expected, atol=1e-10, rtol=1e-8)
+    assert terms.gamma_theta.abs().min() > 0
 
 
 def gamma_error(gamma_mode_step: float) -> float:
@@ -322,12 +353,14 @@ def test_stationarity_with_an_energy_only_curl_and_bias_without_gamma():
 
 
 @pytest.mark.slow
-def test_stationarity_with_a_positive_clamped_curl_and_bias_without_gamma():
-    # q_output="softplus" and a momentum input clamped at 1.5 (13 % of the draws beyond it):
-    # Gamma through the softplus and the clamp keeps the target; without Gamma the means are
-    # off by ~20 standard errors (Gaussian-fit KL measured 6.7e-4 with Gamma, 2.2e-2 without).
+def test_stationarity_with_a_positive_clamped_speed_limited_curl_and_bias_without_gamma():
+    # q_output="softplus", a momentum input clamped at 1.5 (13 % of the draws beyond it) and
+    # a speed limit at 2: Gamma through the softplus, the clamp and the speed factor keeps the
+    # target; without Gamma the means are off by many standard errors.
     modes = ("exact", "finite_difference", "none")
-    fits = moments_with_and_without_gamma(modes, q_output="softplus", momentum_input_clamp=1.5)
+    fits = moments_with_and_without_gamma(
+        modes, q_output="softplus", momentum_input_clamp=1.5, speed_limit=2.0
+    )
     assert fits["none"].kl > 10 * max(fits["exact"].kl, fits["finite_difference"].kl), fits
 
 
@@ -431,6 +464,9 @@ CURL_INPUTS = {
     "momentum+positive": dict(q_momentum_input=True, activation="softsign", q_output="softplus"),
     # the nets' momentum input clamped where |p_hat| is large (about half the coordinates)
     "momentum+clamped": dict(q_momentum_input=True, momentum_input_clamp=0.8),
+    # the curl's speed limit, binding at the momenta of these chains
+    "momentum+speed limit": dict(q_momentum_input=True, speed_limit=0.7, q_output="softplus"),
+    "energy+speed limit": dict(q_momentum_input=False, speed_limit=0.7),
 }
 
 
@@ -582,6 +618,7 @@ def test_compiled_training_configurations_do_not_share_a_recompile_budget(monkey
         ((4,), "exact", "stiffness+preconditioned"),
         ((4,), "finite_difference", "momentum+positive"),
         ((4,), "exact", "momentum+clamped"),
+        ((4,), "finite_difference", "momentum+speed limit"),
     ],
 )
 def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, curl, tmp_path, monkeypatch):

@@ -28,7 +28,7 @@ NON_DEFAULT = dict(
     detach_inputs=False, d_clamp=5.0, grad_input="per_datum", friction_units="per_step",
     energy_input="per_coordinate", q_momentum_input=False, q_stiffness_input=True,
     stiffness_decay=0.9, precondition_power=0.5, precondition_range=3.0,
-    momentum_input_clamp=4.0,
+    momentum_input_clamp=4.0, speed_limit=3.0,
 )  # fmt: skip
 
 
