@@ -15,7 +15,9 @@ round's SGHMC block time.
   with the stiffness input (``mnist_mlp_0to4_stiffness``: ``Q_f(U, s_i)``, two nets per
   coordinate), ``mnist_mlp_stiffness_softsign`` (the same layout, trained on all digits with
   ``softsign`` units), ``mnist_mlp_floor_softsign`` (the shipped file's layout, ``f_Q(U, p)``
-  and ``f_D(U, p, g)`` of 10 units, with ``softsign`` units, exact and FD), and untrained
+  and ``f_D(U, p, g)`` of 10 units, with ``softsign`` units, exact and FD),
+  ``mnist_mlp_floor_positive`` (the same layout with a softplus curl output and the curl's
+  speed limit, exact and FD), and untrained
   nets of 10 and 40 units (``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` is the default)
   with the ``softsign`` activation ``a / (1 + |a|)`` (one division per unit; the default
   activation since session 17) and 40 units with ``tanh`` (its rational form of eleven
@@ -75,6 +77,7 @@ TRANSFER = ROOT / "pretrained" / "mnist_mlp_transfer.safetensors"  # energy-only
 STIFFNESS = ROOT / "pretrained" / "mnist_mlp_0to4_stiffness.safetensors"  # Q_f(U, s_i)
 SOFTSIGN = ROOT / "pretrained" / "mnist_mlp_stiffness_softsign.safetensors"  # the same, softsign
 FLOOR = ROOT / "pretrained" / "mnist_mlp_floor_softsign.safetensors"  # Q_f(U, p_i), softsign
+POSITIVE = ROOT / "pretrained" / "mnist_mlp_floor_positive.safetensors"  # Q_f >= 0, speed limit
 
 
 def mlp_target(hidden: tuple[int, ...], n_chains: int = 20, device: str = "cpu"):
@@ -115,6 +118,8 @@ def sampling_variants() -> dict:
         "mnist_mlp_stiffness_softsign exact": load_sampler(SOFTSIGN),
         "mnist_mlp_floor_softsign exact": load_sampler(FLOOR),
         "mnist_mlp_floor_softsign FD": load_sampler(FLOOR, gamma="finite_difference"),
+        "mnist_mlp_floor_positive exact": load_sampler(POSITIVE),
+        "mnist_mlp_floor_positive FD": load_sampler(POSITIVE, gamma="finite_difference"),
         "10-unit softsign exact": built[10, "softsign", "exact"],
         "10-unit softsign FD": built[10, "softsign", "finite_difference"],
         "40-unit tanh exact": built[40, "tanh", "exact"],
