@@ -220,7 +220,7 @@ class NNSGHMCArgs:
         None,
         "the nets see the standardised momentum clamped to ``[-m, m]`` (``None``: unclamped, "
         "as 004). Beyond what meta-training saw (``|p_hat|`` up to ~4) the nets extrapolate: "
-        "a curl trained on the MNIST MLP changes sign near ``p_hat = 6``, and on the CNN, "
+        "a curl trained on the MNIST MLP changes sign at ``p_hat`` 5-10, and on the CNN, "
         "whose stiff coordinates kick the momentum to 10-40 in a few steps, its chains "
         "diverged at every step size; clamped at 4 they ran (docs/RESULTS.md). Gamma "
         "differentiates the clamped input (0 beyond ``m``), so the sampler stays exact. A "
@@ -234,7 +234,7 @@ class NNSGHMCArgs:
         "moves at most about ``eta Q_f m sigma_p`` per step however large its momentum "
         "(``None``: no limit, as 004). A stiff coordinate whose momentum is kicked far beyond "
         "training's range then cannot overshoot by more than that: on the CNN a MNIST "
-        "sampler's stiff coordinates reached ``|p_hat| ~ 300`` at the step SGHMC runs at "
+        "sampler's stiff coordinates reached ``|p_hat| ~ 370`` at the step SGHMC runs at "
         "(docs/RESULTS.md). A function of ``z``: Gamma differentiates it (also without "
         "``q_momentum_input``). A constant: settable on a loaded sampler (not in the SPEC; #11).",
         check="positive_or_none",
