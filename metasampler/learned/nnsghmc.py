@@ -22,8 +22,9 @@ where ``d D_f,i / d p_i`` is that of the clamped ``D_f`` (0 where the clamp bind
 
 Net inputs (004 appendix E): ``u = s_U * (U_pd - mu_U) / sigma_U`` with the per-datum energy
 ``U_pd = (Ũ - (1 - r) * prior) / N`` (``= mean_m -log p(y_m|x_m, theta) - r/N log p(theta)``,
-``r = D_train / D_test``), ``p_hat_i = p_i / sigma_p`` (clamped to ``[-m, m]`` with
-``momentum_input_clamp = m``: Gamma differentiates the clamp) and the gradient input
+``r = D_train / D_test``), ``p_hat_i = p_i / sigma_p`` (the nets see it clamped to
+``[-c_p, c_p]`` with ``momentum_input_clamp = c_p``: Gamma differentiates the clamp; ``r_i``
+takes it unclamped) and the gradient input
 ``g_i = s_g * d_i Ũ / sigma_g`` (``grad_input="standardised"``) or ``g_i = s_g * d_i Ũ / N``
 (``grad_input="per_datum"``, the paper's; no calibrated statistic). Options not in the SPEC
 (#11): ``f_phiQ`` without ``p_i`` (``q_momentum_input=False``), and with the stiffness
