@@ -130,7 +130,13 @@ def _energy_per_chain(spec: KernelSpec) -> bool:
     compiled step). When the curl also takes the momentum, the energy feeds per-coordinate
     units anyway and a ``(K, 1)`` operand splits the fused loop, storing every hidden unit
     (26 -> 66 ms), so it is expanded; so it is when the curl takes the stiffness."""
-    return not (spec.cfg.curl_sees_momentum or spec.stiffness)
+    return curl_per_chain(spec.cfg, spec.stiffness)
+
+
+def curl_per_chain(cfg: StepConfig, stiffness: bool) -> bool:
+    """Whether ``Q_f`` is one number per chain: it sees neither ``p`` nor a per-coordinate
+    stiffness (as an input or through the preconditioner, ``stiffness``)."""
+    return not (cfg.curl_sees_momentum or stiffness)
 
 
 def energy_index(spec: KernelSpec) -> int:

@@ -323,7 +323,7 @@ def _recomputing_pays(args: StepArgs) -> bool:
     for an energy-only curl (its ``f_Q`` runs once per chain there), for small problems (the
     toy's 1,000 coordinates: two calls per step cost more than they save), for undetached net
     inputs, and on a GPU (not measured there)."""
-    per_chain_curl = not (args.cfg.curl_sees_momentum or args.cfg.q_stiffness)
+    per_chain_curl = aot.curl_per_chain(args.cfg, args.stiffness is not None)
     big = args.p.numel() >= _VJP_CHUNK
     return args.cfg.detach and not per_chain_curl and big and args.p.device.type == "cpu"
 
