@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="YAML config (see configs/eval/)")
     parser.add_argument("--sampler", default=None, help="NNSGHMC .safetensors file")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
 
     from experiments.benchmark_config import load_benchmark_config
     from metasampler.config import ConfigError

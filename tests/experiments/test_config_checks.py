@@ -142,9 +142,13 @@ def test_train_cli_fails_with_a_message_before_writing(tmp_path, case):
     assert not (tmp_path.parent / "escaped").exists()
 
 
-def test_evaluate_cli_rejects_out_dir_that_is_a_file(tmp_path):
+# overrides on both sides of `--sampler` parse too (they used to stop at "unrecognized
+# arguments")
+@pytest.mark.parametrize("sampler_between_overrides", [False, True])
+def test_evaluate_cli_rejects_out_dir_that_is_a_file(tmp_path, sampler_between_overrides):
     blocker = tmp_path / "results"
     blocker.write_text("not a directory")
+    between = ["--sampler", str(ROOT / "pretrained" / "mnist_mlp.safetensors"), "seeds=[0]"]
     proc = subprocess.run(
         [
             sys.executable,
@@ -153,7 +157,8 @@ def test_evaluate_cli_rejects_out_dir_that_is_a_file(tmp_path):
             str(ROOT / "configs" / "eval" / "quick.yaml"),
             f"out_dir={blocker}",
             "methods.nnsghmc.enabled=false",
-        ],
+        ]
+        + (between if sampler_between_overrides else []),
         capture_output=True,
         text=True,
         timeout=120,
