@@ -99,6 +99,9 @@ class NNSGHMCMethod(MethodGrid):
     # it (a file trained without them, issue #11).
     momentum_input_clamp: float | None = None
     speed_limit: float | None = None
+    # The curl's stiffness preconditioner (the sampler's `precondition_power` gamma_P; 0 turns a
+    # file's off): null keeps the file's value. Needs gamma exact (docs/RESULTS.md, session 21).
+    precondition_power: float | None = None
 
 
 @dataclass
@@ -228,7 +231,7 @@ def _cycles(options: Mapping[str, Any], ctx: BuildContext) -> dict[str, Any]:
 
 
 # Constants of the sampler file an NNSGHMC section may replace (null keeps the file's).
-_FILE_CONSTANTS = ("momentum_input_clamp", "speed_limit")
+_FILE_CONSTANTS = ("momentum_input_clamp", "speed_limit", "precondition_power")
 
 
 def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:
@@ -246,6 +249,12 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
     for name in _FILE_CONSTANTS:
         if options.get(name) is not None:
             setattr(sampler, name, float(options[name]))
+    if sampler.preconditioned and sampler.gamma == "finite_difference":
+        raise ValueError(
+            f"{ctx.sampler_path}: a preconditioned curl (precondition_power "
+            f"{sampler.precondition_power}) needs methods.nnsghmc.gamma=exact, not "
+            "finite_difference (the secant in U would see the stiffness change between steps)"
+        )
     return sampler
 
 
@@ -424,6 +433,7 @@ def build_method(
 # --------------------------------------------------------------------------------------------
 _POSITIVE_OPTIONS = ("momentum_decay", "lam", "momentum_input_clamp", "speed_limit")
 _UNIT_INTERVAL_OPTIONS = ("momentum", "beta", "explore_fraction")
+_NON_NEGATIVE_OPTIONS = ("precondition_power",)
 
 
 def _finite_positive(value: Any) -> bool:
@@ -460,6 +470,15 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
             raise ConfigError(
                 f"methods.{key}.{name} must be a finite number > 0, got {section[name]!r}"
             )
+    for name in _NON_NEGATIVE_OPTIONS:
+        value = section.get(name)
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"methods.{key}.{name} must be a finite number >= 0, got {value!r}")
+    if (section.get("precondition_power") or 0) > 0 and section.get("gamma") == "finite_difference":
+        raise ConfigError(
+            f"methods.{key}.precondition_power needs gamma exact, not finite_difference "
+            "(the secant in U would see the stiffness change between steps)"
+        )
     for name in _UNIT_INTERVAL_OPTIONS:
         if name in section and not 0 <= section[name] < 1:
             raise ConfigError(f"methods.{key}.{name} must be in [0, 1), got {section[name]!r}")

@@ -517,6 +517,37 @@ def test_the_learned_samplers_momentum_constants_can_be_set_for_a_file(tmp_path,
         load_benchmark_config(None, [f"methods.nnsghmc.{name}=-1.0"])
 
 
+def test_the_curls_preconditioner_can_be_set_for_a_file_and_needs_exact_gamma(tmp_path):
+    """``methods.nnsghmc.precondition_power`` switches the stiffness preconditioner on for a
+    file trained without it: stiff coordinates' curl shrinks, flat ones' grows; it is a config
+    error below 0 or with finite-difference Gamma."""
+    path = tmp_path / "s.safetensors"
+    _nnsghmc(c=0.3, friction_units="per_step").save(str(path))
+    kept = build_method("nnsghmc", {}, 0.02, n_data=120, n_steps=10, sampler_path=path)
+    options = {"precondition_power": 0.5, "gamma": "exact"}
+    set_ = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=path)
+    assert not kept.preconditioned and set_.precondition_power == 0.5
+    theta, p = torch.zeros(1, 3), torch.zeros(1, 3)
+    target = EnergyTarget(lambda x: 0.5 * (x**2).sum(-1), dim=3)
+    grad_sq = torch.tensor([[1e-4, 1.0, 1e4]])  # flat, median, stiff coordinate
+    ratio = (
+        set_.drift_terms(theta, p, target, grad_sq=grad_sq).q / kept.drift_terms(theta, p, target).q
+    )
+    assert ratio[0, 0] > 1 and ratio[0, 2] < 1 and ratio[0, 1] == pytest.approx(1)
+    with pytest.raises(ValueError, match="needs methods.nnsghmc.gamma=exact"):
+        build_method(
+            "nnsghmc", {"precondition_power": 0.5, "gamma": "finite_difference"}, 0.02,
+            n_data=120, n_steps=10, sampler_path=path,
+        )  # fmt: skip
+    bad_settings = (
+        ["methods.nnsghmc.precondition_power=-0.5"],
+        ["methods.nnsghmc.precondition_power=0.5", "methods.nnsghmc.gamma=finite_difference"],
+    )
+    for overrides in bad_settings:
+        with pytest.raises(ConfigError, match="precondition_power"):
+            load_benchmark_config(None, overrides)
+
+
 def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:
     """SGLD's tuning rows on a tiny synthetic task, with ``tune.<key>=<value>`` overrides."""
     cfg = load_benchmark_config(
