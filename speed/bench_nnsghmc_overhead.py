@@ -17,7 +17,8 @@ round's SGHMC block time.
   ``softsign`` units), ``mnist_mlp_floor_softsign`` (the shipped file's layout, ``f_Q(U, p)``
   and ``f_D(U, p, g)`` of 10 units, with ``softsign`` units, exact and FD),
   ``mnist_mlp_floor_positive`` (the same layout with a softplus curl output and the curl's
-  speed limit, exact and FD), and untrained
+  speed limit, exact and FD), ``mnist_mlp_positive_preconditioned`` (that file with the
+  curl's stiffness preconditioner, exact Gamma only), and untrained
   nets of 10 and 40 units (``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` is the default)
   with the ``softsign`` activation ``a / (1 + |a|)`` (one division per unit; the default
   activation since session 17) and 40 units with ``tanh`` (its rational form of eleven
@@ -78,6 +79,8 @@ STIFFNESS = ROOT / "pretrained" / "mnist_mlp_0to4_stiffness.safetensors"  # Q_f(
 SOFTSIGN = ROOT / "pretrained" / "mnist_mlp_stiffness_softsign.safetensors"  # the same, softsign
 FLOOR = ROOT / "pretrained" / "mnist_mlp_floor_softsign.safetensors"  # Q_f(U, p_i), softsign
 POSITIVE = ROOT / "pretrained" / "mnist_mlp_floor_positive.safetensors"  # Q_f >= 0, speed limit
+# the same with the curl's stiffness preconditioner (exact Gamma only)
+PRECONDITIONED = ROOT / "pretrained" / "mnist_mlp_positive_preconditioned.safetensors"
 
 
 def mlp_target(hidden: tuple[int, ...], n_chains: int = 20, device: str = "cpu"):
@@ -120,6 +123,7 @@ def sampling_variants() -> dict:
         "mnist_mlp_floor_softsign FD": load_sampler(FLOOR, gamma="finite_difference"),
         "mnist_mlp_floor_positive exact": load_sampler(POSITIVE),
         "mnist_mlp_floor_positive FD": load_sampler(POSITIVE, gamma="finite_difference"),
+        "mnist_mlp_positive_preconditioned exact": load_sampler(PRECONDITIONED),
         "10-unit softsign exact": built[10, "softsign", "exact"],
         "10-unit softsign FD": built[10, "softsign", "finite_difference"],
         "40-unit tanh exact": built[40, "tanh", "exact"],
