@@ -56,8 +56,11 @@ class MethodRun:
         curves: one row per evaluation: ``step``, ``epoch`` (``step * M / N``), ``seconds``
             (sampling wall-clock since initialisation, evaluation time excluded),
             ``ensemble_error``,
-            ``ensemble_nll`` (the ``K`` current chains), ``average_error``, ``average_nll``
-            (running posterior average; ``nan`` before burn-in), ``n_averaged``.
+            ``ensemble_nll`` (the ``K`` current chains), ``member_nll`` (the mean over the
+            ``K`` chains of each one's own NLL: what a single current sample predicts; by
+            Jensen never below ``ensemble_nll``; ``nan`` for sequence targets),
+            ``average_error``, ``average_nll`` (running posterior average; ``nan`` before
+            burn-in), ``n_averaged``.
         final: final metrics: ``ensemble_*`` and ``average_*`` for ``error``, ``nll``,
             ``ece``, ``entropy`` on the ``main`` set, ``<set>_entropy`` /
             ``<set>_entropy_ensemble`` for the unlabeled sets, ``seconds``,
@@ -100,6 +103,15 @@ class _MainSet:
         if self.sequence:
             return frame_metrics(log_probs, self.frames)
         return metrics_from_log_probs(log_probs, self.y, self.ece_bins)
+
+    def member_nll(self, log_probs: Tensor, n_total: int) -> float:
+        """Mean over all ranks' ``n_total`` chains of each chain's own NLL, from this rank's
+        ``(k, B, C)`` log-probabilities (``nan`` for a sequence target)."""
+        if self.sequence:
+            return math.nan
+        labels = self.y.view(1, -1, 1).expand(log_probs.shape[0], -1, 1)
+        per_chain = -log_probs.gather(-1, labels).squeeze(-1).double().mean(-1)
+        return float(all_reduce_sum(per_chain.sum()) / n_total)
 
     def curve_scores(self, log_probs: Tensor) -> tuple[float, float]:
         """Error and NLL of a learning-curve row."""
@@ -215,6 +227,7 @@ class MethodRunner:
             "seconds": self.sampling_seconds,
             "ensemble_error": ens_error,
             "ensemble_nll": ens_nll,
+            "member_nll": self.main.member_nll(main_lp, self.n_chains),
             "average_error": math.nan,
             "average_nll": math.nan,
             "n_averaged": merged.count,

@@ -284,6 +284,7 @@ _CURVE_FIELDS = [
     "seconds",
     "ensemble_error",
     "ensemble_nll",
+    "member_nll",
     "average_error",
     "average_nll",
     "n_averaged",

@@ -252,6 +252,10 @@ def test_run_method_streams_curves_and_matches_stored_samples():
     ens = torch.log_softmax(target.forward(stored.final_state.theta, data.x_test).double(), -1)
     ens_nll = ensemble_metrics(ens, data.y_test)["nll"]
     assert run.final["ensemble_nll"] == pytest.approx(ens_nll, rel=1e-6)
+    # each chain's own NLL, averaged over the chains: never below the ensemble's (Jensen)
+    member = -ens.gather(-1, data.y_test.view(1, -1, 1).expand(K, -1, 1)).mean().item()
+    assert run.curves[-1]["member_nll"] == pytest.approx(member, rel=1e-6)
+    assert all(r["member_nll"] >= r["ensemble_nll"] for r in run.curves)
     assert run.entropies["ood"].shape == (data.ood_x.shape[0],)
     assert 0 <= run.final["ood_entropy"] <= math.log(data.n_classes) + 1e-9
 

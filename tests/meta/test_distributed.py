@@ -484,6 +484,12 @@ def test_sharded_evaluation_gives_the_metrics_of_all_chains_pooled(ranks):
     curves = [_value(r["evaluation"])["curves"] for r in ranks]
     assert curves[0][-1]["ensemble_nll"] == pytest.approx(expected["ensemble_nll"], rel=1e-9)
     assert [row["ensemble_nll"] for row in curves[0]] == [row["ensemble_nll"] for row in curves[1]]
+    # the chains' own NLLs are pooled over the ranks too
+    pooled = torch.cat(final_lp)
+    labels = data.y_test.view(1, -1, 1).expand(pooled.shape[0], -1, 1)
+    member = float(-pooled.gather(-1, labels).double().mean())
+    for rank_curves in curves:
+        assert rank_curves[-1]["member_nll"] == pytest.approx(member, rel=1e-9)
 
 
 def test_a_diverging_rank_ends_the_sharded_evaluation_on_every_rank(ranks):
