@@ -85,7 +85,7 @@ def _sampler_path(cfg, option: str | None) -> str | None:
         )
     grid = list(cfg.methods[learned[0]].lr_grid)
     try:
-        load_sampler(sampler_path, lr=grid[0] if grid else None)
+        sampler = load_sampler(sampler_path, lr=grid[0] if grid else None)
     except FileNotFoundError:
         raise _Stop(
             f"sampler file not found: {sampler_path} (pass --sampler PATH, e.g. the "
@@ -96,6 +96,15 @@ def _sampler_path(cfg, option: str | None) -> str | None:
         raise _Stop(str(err)) from None
     except ValueError as err:  # e.g. no step given and none stored in the file
         raise _Stop(f"{sampler_path}: {err}") from None
+    for key in learned:  # the file's own Gamma with a preconditioner set on it
+        section = cfg.methods[key]
+        power = section.precondition_power
+        power = sampler.precondition_power if power is None else power
+        if power > 0 and (section.gamma or sampler.gamma) == "finite_difference":
+            raise _Stop(
+                f"{sampler_path}: methods.{key}.precondition_power {power} needs exact Gamma, "
+                f"and the file's is finite_difference: set methods.{key}.gamma=exact"
+            )
     return sampler_path
 
 

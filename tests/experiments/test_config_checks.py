@@ -166,3 +166,24 @@ def test_evaluate_cli_rejects_out_dir_that_is_a_file(tmp_path, sampler_between_o
     assert proc.returncode == 2, proc.stderr
     assert "not a directory" in proc.stderr and "Traceback" not in proc.stderr
     assert blocker.read_text() == "not a directory"
+
+
+def test_evaluate_cli_rejects_a_preconditioner_on_a_finite_difference_file(tmp_path):
+    """``methods.nnsghmc.precondition_power`` on a file whose stored Gamma is finite
+    differences stops before any work, naming the option to set (not a traceback mid-run)."""
+    from metasampler.learned import NNSGHMC
+
+    path = tmp_path / "fd.safetensors"
+    NNSGHMC(lr=0.01, q_hidden=(2,), d_hidden=(2,), gamma="finite_difference").save(str(path))
+    proc = subprocess.run(
+        [
+            sys.executable, str(ROOT / "evaluate.py"),
+            "--config", str(ROOT / "configs" / "eval" / "quick.yaml"),
+            "--sampler", str(path), f"out_dir={tmp_path / 'out'}",
+            "methods.nnsghmc.precondition_power=0.5",
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "methods.nnsghmc.gamma=exact" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
