@@ -71,7 +71,7 @@ class _Stop(Exception):
 
 def _sampler_path(cfg, option: str | None) -> str | None:
     """The NNSGHMC file, validated before any work (``None`` when no enabled method uses one)."""
-    from metasampler.benchmark.methods import uses_sampler_file
+    from metasampler.benchmark.methods import preconditioner_gamma_conflict, uses_sampler_file
     from metasampler.export import SamplerFileError, load_sampler
 
     learned = [k for k in cfg.methods if uses_sampler_file(k) and cfg.methods[k].enabled]
@@ -100,11 +100,9 @@ def _sampler_path(cfg, option: str | None) -> str | None:
         section = cfg.methods[key]
         power = section.precondition_power
         power = sampler.precondition_power if power is None else power
-        if power > 0 and (section.gamma or sampler.gamma) == "finite_difference":
-            raise _Stop(
-                f"{sampler_path}: methods.{key}.precondition_power {power} needs exact Gamma, "
-                f"and the file's is finite_difference: set methods.{key}.gamma=exact"
-            )
+        conflict = preconditioner_gamma_conflict(power, section.gamma or sampler.gamma)
+        if conflict:
+            raise _Stop(f"{sampler_path} (the file's Gamma), methods.{key}: {conflict}")
     return sampler_path
 
 

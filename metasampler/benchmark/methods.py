@@ -234,6 +234,17 @@ def _cycles(options: Mapping[str, Any], ctx: BuildContext) -> dict[str, Any]:
 _FILE_CONSTANTS = ("momentum_input_clamp", "speed_limit", "precondition_power")
 
 
+def preconditioner_gamma_conflict(power: float, gamma: str | None) -> str | None:
+    """Why a curl preconditioner ``power`` cannot run with Gamma mode ``gamma``, or ``None``
+    (the one rule behind the config check, the builder and ``evaluate.py``'s pre-flight)."""
+    if power > 0 and gamma == "finite_difference":
+        return (
+            f"precondition_power {power} needs exact Gamma, not finite_difference (the secant "
+            "in U would see the stiffness change between steps): set gamma=exact"
+        )
+    return None
+
+
 def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:
     if ctx.sampler_path is None:
         raise ValueError("nnsghmc needs a sampler file (sampler_path or --sampler)")
@@ -249,12 +260,9 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
     for name in _FILE_CONSTANTS:
         if options.get(name) is not None:
             setattr(sampler, name, float(options[name]))
-    if sampler.preconditioned and sampler.gamma == "finite_difference":
-        raise ValueError(
-            f"{ctx.sampler_path}: a preconditioned curl (precondition_power "
-            f"{sampler.precondition_power}) needs methods.nnsghmc.gamma=exact, not "
-            "finite_difference (the secant in U would see the stiffness change between steps)"
-        )
+    conflict = preconditioner_gamma_conflict(sampler.precondition_power, sampler.gamma)
+    if conflict:
+        raise ValueError(f"{ctx.sampler_path}: {conflict}")
     return sampler
 
 
@@ -474,11 +482,11 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
         value = section.get(name)
         if value is not None and not (value >= 0 and math.isfinite(value)):
             raise ConfigError(f"methods.{key}.{name} must be a finite number >= 0, got {value!r}")
-    if (section.get("precondition_power") or 0) > 0 and section.get("gamma") == "finite_difference":
-        raise ConfigError(
-            f"methods.{key}.precondition_power needs gamma exact, not finite_difference "
-            "(the secant in U would see the stiffness change between steps)"
-        )
+    conflict = preconditioner_gamma_conflict(
+        section.get("precondition_power") or 0, section.get("gamma")
+    )
+    if conflict:
+        raise ConfigError(f"methods.{key}: {conflict}")
     for name in _UNIT_INTERVAL_OPTIONS:
         if name in section and not 0 <= section[name] < 1:
             raise ConfigError(f"methods.{key}.{name} must be in [0, 1), got {section[name]!r}")

@@ -534,7 +534,7 @@ def test_the_curls_preconditioner_can_be_set_for_a_file_and_needs_exact_gamma(tm
         set_.drift_terms(theta, p, target, grad_sq=grad_sq).q / kept.drift_terms(theta, p, target).q
     )
     assert ratio[0, 0] > 1 and ratio[0, 2] < 1 and ratio[0, 1] == pytest.approx(1)
-    with pytest.raises(ValueError, match="needs methods.nnsghmc.gamma=exact"):
+    with pytest.raises(ValueError, match="needs exact Gamma"):
         build_method(
             "nnsghmc", {"precondition_power": 0.5, "gamma": "finite_difference"}, 0.02,
             n_data=120, n_steps=10, sampler_path=path,

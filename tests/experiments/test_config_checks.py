@@ -185,5 +185,6 @@ def test_evaluate_cli_rejects_a_preconditioner_on_a_finite_difference_file(tmp_p
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
-    assert "methods.nnsghmc.gamma=exact" in proc.stderr and "Traceback" not in proc.stderr
+    assert "methods.nnsghmc: precondition_power 0.5 needs exact Gamma" in proc.stderr
+    assert "set gamma=exact" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
