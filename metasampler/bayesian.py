@@ -358,26 +358,59 @@ class BayesianModel:
         return self.x[idx], self.y[idx]
 
     # -- Target protocol --------------------------------------------------------------------
+    #: :meth:`evaluate` can estimate the variance of its gradient's minibatch noise
+    #: (``estimate_noise=True``), which ``NNSGHMC(grad_noise_estimate=True)`` asks for.
+    estimates_grad_noise = True
+
     def evaluate(
-        self, theta: Tensor, generator: torch.Generator | None = None, create_graph: bool = False
+        self,
+        theta: Tensor,
+        generator: torch.Generator | None = None,
+        create_graph: bool = False,
+        estimate_noise: bool = False,
     ) -> Evaluation:
-        """Minibatch energy ``Ũ`` and ``grad Ũ`` at ``theta`` ``(K, D)``, one shared minibatch."""
+        """Minibatch energy ``Ũ`` and ``grad Ũ`` at ``theta`` ``(K, D)``, one shared minibatch.
+
+        ``estimate_noise=True`` also returns ``grad_noise_var``, an unbiased one-draw
+        estimate of each coordinate's variance of ``grad Ũ`` over minibatches: the
+        minibatch's two halves ``a`` and ``b`` (sizes ``m_a``, ``m_b``, ``M`` in all) give
+        ``(1 - M / N) m_a m_b (g_a / m_a - g_b / m_b)^2`` from their likelihood gradients ``g``
+        (same minibatch, same ``grad``, about the arithmetic of one pass; ``1 - M / N``
+        because minibatches are drawn without replacement).
+        """
         self._check_theta(theta)
         x, y = self.minibatch(generator)
         scale = self.n_data / x.shape[0]
-        batched = vmap(self._loglik_one, in_dims=(0, None, None))
-
-        def likelihood_energy(th: Tensor) -> Tensor:
-            return -scale * batched(th, x, y).sum(-1)
-
-        # Autograd only through the network; the Gaussian prior's terms are closed-form.
-        energy, grad = energy_and_grad(likelihood_energy, theta, create_graph)
+        noise_var = None
+        if not estimate_noise:
+            energy, grad = self._likelihood_energy_and_grad(theta, x, y, scale, create_graph)
+        elif x.shape[0] < 2:
+            raise ValueError("estimate_noise needs a minibatch of at least 2 examples")
+        else:
+            half = x.shape[0] // 2
+            sizes = (half, x.shape[0] - half)
+            halves = [(x[:half], y[:half]), (x[half:], y[half:])]
+            (e_a, g_a), (e_b, g_b) = (
+                self._likelihood_energy_and_grad(theta, hx, hy, scale, create_graph)
+                for hx, hy in halves
+            )
+            energy, grad = e_a + e_b, g_a + g_b
+            noise_var = (g_a.detach() / sizes[0] - g_b.detach() / sizes[1]).square()
+            noise_var = noise_var * (sizes[0] * sizes[1] * (1.0 - x.shape[0] / self.n_data))
         prior_energy = self.prior_energy(theta)
         prior_grad = theta / self.prior_std**2
         if not create_graph:
             prior_energy, prior_grad = prior_energy.detach(), prior_grad.detach()
         energy, grad = energy + prior_energy, grad + prior_grad
-        return Evaluation(energy, grad, prior_energy, prior_grad)
+        return Evaluation(energy, grad, prior_energy, prior_grad, noise_var)
+
+    def _likelihood_energy_and_grad(
+        self, theta: Tensor, x: Tensor, y: Tensor, scale: float, create_graph: bool
+    ) -> tuple[Tensor, Tensor]:
+        """``-scale sum log p(y | x, theta)`` and its gradient, autograd through the network
+        only (the Gaussian prior's terms are closed-form)."""
+        batched = vmap(self._loglik_one, in_dims=(0, None, None))
+        return energy_and_grad(lambda th: -scale * batched(th, x, y).sum(-1), theta, create_graph)
 
     def energy(self, theta: Tensor, chunk_size: int | None = None) -> Tensor:
         """Exact full-data energy ``U(theta)``, shape ``(K,)``, summed over data chunks of

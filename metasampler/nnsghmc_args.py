@@ -18,6 +18,7 @@ This module imports nothing of the package, so each of those can import it.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -357,6 +358,19 @@ def config_fields() -> list[tuple[str, Any, Any]]:
             kind = {"bool": bool, "positive_or_none": float | None}.get(check, float)
             result.append((f.name, kind, field(default=f.default)))
     return result
+
+
+def signature_with_args(init: Any) -> inspect.Signature:
+    """The full keyword list of a constructor that takes ``**arguments`` as
+    :class:`NNSGHMCArgs`: its own keywords, then every field, so that ``help`` and
+    ``inspect.signature`` show each argument."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    own = [p for p in inspect.signature(init).parameters.values() if p.kind is keyword]
+    described = [
+        inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
+        for f in fields(NNSGHMCArgs)
+    ]
+    return inspect.Signature([*own, *described], return_annotation=None)
 
 
 def describe_args() -> str:

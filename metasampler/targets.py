@@ -64,12 +64,16 @@ class Evaluation:
         grad: ``(K, D)`` gradient ``grad Ũ(theta)`` including any injected noise.
         prior_energy: ``(K,)`` ``-log p(theta)`` part of ``energy`` (zeros for toy targets).
         prior_grad: ``(K, D)`` gradient of ``prior_energy``.
+        grad_noise_var: ``(K, D)`` an unbiased estimate of the variance of ``grad``'s
+            minibatch noise per coordinate, detached; ``None`` unless asked for
+            (``BayesianModel.evaluate(..., estimate_noise=True)``).
     """
 
     energy: Tensor
     grad: Tensor
     prior_energy: Tensor
     prior_grad: Tensor
+    grad_noise_var: Tensor | None = None
 
 
 @runtime_checkable

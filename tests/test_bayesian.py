@@ -218,6 +218,54 @@ def test_minibatch_energy_is_unbiased_and_full_batch_is_exact():
     assert (5 * se_e < 0.02 * exact.energy.abs()).all()  # the check has power
 
 
+def per_example_grads(net: nn.Module, theta: torch.Tensor, x, y) -> torch.Tensor:
+    """``(K, N, D)`` gradients of each example's ``-log p(y_n | x_n, theta_k)``, by a loop."""
+    out = []
+    for theta_k in theta:
+        m = copy.deepcopy(net).to(F64).eval()
+        vector_to_parameters(theta_k.detach().clone(), m.parameters())
+        rows = []
+        for xn, yn in zip(x, y, strict=True):
+            loss = F.cross_entropy(m(xn[None]), yn[None], reduction="sum")
+            rows.append(parameters_to_vector(torch.autograd.grad(loss, list(m.parameters()))))
+        out.append(torch.stack(rows))
+    return torch.stack(out)
+
+
+def test_gradient_noise_estimate_is_unbiased_and_leaves_the_gradient_alone():
+    # The variance of grad Ũ over minibatches of M drawn without replacement from N examples is
+    # (N/M)^2 M S^2 (1 - M/N), S^2 the examples' gradient variance (ddof 1): computed exactly
+    # here from a loop over the examples. The halves' estimate (odd M: halves of 4 and 5) must
+    # average to it within 5 standard errors over R = 2000 minibatches; leaving out the
+    # without-replacement factor 1 - M/N = 0.78 would put it 28 % high, > 7 standard errors
+    # (the check's power is asserted).
+    net, (x, y) = classifier(), class_data()
+    n, m = x.shape[0], 9
+    model = BayesianModel(net, (x, y), batch_size=m, dtype=F64)
+    theta = model.init_positions(2, gen(0))
+    plain = model.evaluate(theta, gen(3))
+    with_noise = model.evaluate(theta, gen(3), estimate_noise=True)
+    assert plain.grad_noise_var is None
+    torch.testing.assert_close(with_noise.grad, plain.grad)
+    torch.testing.assert_close(with_noise.energy, plain.energy)
+    spread = per_example_grads(net, theta, x, y).var(1)  # (K, D), ddof 1
+    exact = (n / m) ** 2 * m * spread * (1 - m / n)
+    g, r = gen(4), 2000
+    draws = torch.stack(
+        [model.evaluate(theta, g, estimate_noise=True).grad_noise_var for _ in range(r)]
+    )
+    mean, se = draws.mean(0), draws.std(0) / math.sqrt(r)
+    live = exact > 1e-8 * exact.max()
+    assert live.float().mean() > 0.9
+    assert ((mean - exact).abs() < 5 * se + 1e-12)[live].all()
+    assert (5 * se < 0.22 * exact)[live].float().mean() > 0.95  # the check has power
+    # the full data set has no minibatch noise
+    full = BayesianModel(net, (x, y), batch_size=None, dtype=F64)
+    assert full.evaluate(theta, estimate_noise=True).grad_noise_var.abs().max() < 1e-20
+    with pytest.raises(ValueError, match="at least 2"):
+        BayesianModel(net, (x, y), batch_size=1, dtype=F64).evaluate(theta, g, estimate_noise=True)
+
+
 def test_prior_terms():
     net, (x, y) = classifier(), class_data()
     theta = BayesianModel(net, (x, y), dtype=F64).init_positions(3, gen(0))

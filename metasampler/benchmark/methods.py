@@ -102,6 +102,10 @@ class NNSGHMCMethod(MethodGrid):
     # The curl's stiffness preconditioner (the sampler's `precondition_power` gamma_P; 0 turns a
     # file's off): null keeps the file's value. Needs gamma exact (docs/RESULTS.md, session 21).
     precondition_power: float | None = None
+    # Estimate each coordinate's minibatch gradient-noise variance from the minibatch's two
+    # halves and leave its share out of the injected noise (the sampler's
+    # `grad_noise_estimate`; the sampler is not told any variance by default).
+    grad_noise_estimate: bool = False
 
 
 @dataclass
@@ -260,6 +264,7 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
     for name in _FILE_CONSTANTS:
         if options.get(name) is not None:
             setattr(sampler, name, float(options[name]))
+    sampler.grad_noise_estimate = bool(options.get("grad_noise_estimate", False))
     conflict = preconditioner_gamma_conflict(sampler.precondition_power, sampler.gamma)
     if conflict:
         raise ValueError(f"{ctx.sampler_path}: {conflict}")

@@ -68,6 +68,7 @@ class KernelSpec:
     cache: bool
     threads: int
     stiffness: bool = False
+    noise_var: bool = False
 
     @classmethod
     def of(cls, args: StepArgs) -> KernelSpec:
@@ -83,6 +84,7 @@ class KernelSpec:
             cache=args.cache is not None,
             threads=torch.get_num_threads(),
             stiffness=args.stiffness is not None,
+            noise_var=args.noise_var is not None,
         )
 
     def to_json(self) -> str:
@@ -147,7 +149,7 @@ def energy_index(spec: KernelSpec) -> int:
 def n_coordinate_inputs(spec: KernelSpec) -> int:
     """How many leading entries of :func:`flat_inputs` are coordinate (or per-chain energy)
     tensors; the scalars and the nets' weights follow them."""
-    return energy_index(spec) + 1 + spec.noise + 4 * spec.cache + spec.stiffness
+    return energy_index(spec) + 1 + spec.noise + 4 * spec.cache + spec.stiffness + spec.noise_var
 
 
 def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
@@ -167,6 +169,7 @@ def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
     flat += [args.noise] if spec.noise else []
     flat += [energy(args.cache[0]), *args.cache[1:]] if spec.cache else []
     flat += [args.stiffness] if spec.stiffness else []
+    flat += [args.noise_var] if spec.noise_var else []
     # The package assumes dense row-major inputs and does not check: an expanded view (e.g.
     # the cached Q_f of an energy-only curl) would be read as the wrong numbers.
     flat = [x.contiguous() for x in flat]
@@ -184,11 +187,12 @@ def step_from_flat(spec: KernelSpec, *flat: Tensor) -> tuple[Tensor, ...]:
     noise = next(it) if spec.noise else None
     cache = tuple(next(it) for _ in range(4)) if spec.cache else None
     stiffness = next(it) if spec.stiffness else None
+    noise_var = next(it) if spec.noise_var else None
     v = dict(zip(SCALARS, next(it).unbind(0), strict=True))
     q_net = _net_from(it, _n_layers(spec.q_shapes))
     d_net = _net_from(it, _n_layers(spec.d_shapes))
     out = nnsghmc_update(
-        theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, spec.cfg, stiffness
+        theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, spec.cfg, stiffness, noise_var
     )
     return out[:3] + (() if out[3] is None else tuple(out[3][1:]))
 
@@ -231,6 +235,7 @@ def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], list[dict | None]]:
         energy()
         coords(3)
     coords(spec.stiffness)
+    coords(spec.noise_var)
     add((len(SCALARS),))
     flat[-1] = flat[-1].abs() + 0.5  # (positive scalars, e.g. eta)
     for shape in (*spec.q_shapes, *spec.d_shapes):

@@ -41,7 +41,7 @@ class StepConfig:
     detach: bool  # stop-gradient net inputs
     q_momentum: bool = True  # f_phiQ takes p_hat (else Q_f = f_phiQ(U): no Gamma_theta)
     q_stiffness: bool = False  # f_phiQ also takes the per-coordinate stiffness (constant in z)
-    noise_correction: bool = False  # grad_noise_var > 0: subtract the gradient noise's heating
+    noise_correction: bool = False  # V known or estimated: subtract the gradient noise's heating
     precondition: bool = False  # the curl is scaled by P(stiffness) (precondition_power > 0)
     q_output: str = "identity"  # f_phiQ's output transform ("softplus": Q_f >= 0)
     clamp_p: bool = False  # the nets' momentum input is clamped (momentum_input_clamp is set)
@@ -200,6 +200,7 @@ def nnsghmc_update(
     v: Mapping[str, float | Tensor],
     cfg: StepConfig,
     stiffness: Tensor | None = None,
+    noise_var: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor] | None]:
     """One NNSGHMC step (modified Euler), pure and element-wise over the coordinates.
 
@@ -211,6 +212,8 @@ def nnsghmc_update(
         cache: finite-difference history (see :func:`nnsghmc_coefficients`).
         q_net, d_net: the nets' weights; v: the scalars ``SCALARS``; cfg: the switches.
         stiffness: ``(K, D)`` stiffness input of ``f_phiQ`` (``cfg.q_stiffness``), else ``None``.
+        noise_var: ``(K, D)`` estimated variance of ``grad``'s noise (``cfg.noise_correction``
+            with an estimate); ``None``: the known ``v["grad_noise_var"]``.
 
     Returns:
         ``(theta_{t+1}, p_{t+1}, sum(Q_f) + sum(D_f), new cache)``; the sum is for a cheap
@@ -226,7 +229,9 @@ def nnsghmc_update(
         u, p_hat, g_hat, du, q_net, d_net, v, cfg, cache, stiffness
     )
     eta, temperature = v["eta"], v["temperature"]
-    noise_var = v["grad_noise_var"] if cfg.noise_correction else None
+    if noise_var is None:
+        noise_var = v["grad_noise_var"]
+    noise_var = noise_var if cfg.noise_correction else None
     new_p = complete_recipe_momentum(p, grad, q, d, gamma_p, noise, eta, temperature, noise_var)
     new_p_hat = new_p * v["inv_sp"]
     if cfg.detach:
@@ -260,6 +265,7 @@ class StepArgs(NamedTuple):
     v: dict[str, float]
     cfg: Any
     stiffness: Tensor | None = None
+    noise_var: Tensor | None = None
 
     def columns(self, cols: slice) -> StepArgs:
         """The same step restricted to the coordinate columns ``cols``."""
@@ -271,5 +277,5 @@ class StepArgs(NamedTuple):
         return self._replace(
             theta=cut(self.theta), p=cut(self.p), grad=cut(self.grad),
             prior_grad=cut(self.prior_grad), u=cut(self.u), noise=cut(self.noise), cache=cache,
-            stiffness=cut(self.stiffness),
+            stiffness=cut(self.stiffness), noise_var=cut(self.noise_var),
         )  # fmt: skip

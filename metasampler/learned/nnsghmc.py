@@ -68,11 +68,10 @@ constants and protocol.
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -87,6 +86,7 @@ from ..nnsghmc_args import (
     NNSGHMCArgs,
     arg_fields,
     describe_args,
+    signature_with_args,
 )
 from ..sampler_write import write_sampler
 from ..samplers.base import Sampler, SamplerState, check_finite
@@ -94,11 +94,11 @@ from ..samplers.sghmc import init_momentum
 from ..schedules import Schedule
 from ..stepsize import resolve_eta
 from ..targets import Evaluation, Target
+from . import stiffness as stats
 from .calibration import calibrate_inputs
 from .equations import StepArgs, StepConfig, nnsghmc_coefficients
 from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
-from .stiffness import chain_stiffness, preconditioner_reference, update_grad_sq
 
 __all__ = [
     "NNSGHMC",
@@ -107,6 +107,13 @@ __all__ = [
     "GRAD_INPUTS",
     "FRICTION_UNITS",
 ]
+
+
+#: The constants ``repr`` shows after the step.
+_REPR_FIELDS = (
+    "gamma", "beta_off", "alpha", "c", "q_clamp", "d_output_scale", "d_clamp",
+    "momentum_input_clamp", "speed_limit", "grad_input", "friction_units",
+)  # fmt: skip
 
 
 class _UnitTarget:
@@ -153,6 +160,11 @@ class NNSGHMC(nn.Module, Sampler):
                 correction with a learned curl), so the noise of ``eta Q_f grad Ũ`` no longer
                 heats the chains. A property of the problem, like ``temperature``: not part of
                 the exported sampler; settable on a loaded one as an attribute.
+            grad_noise_estimate: estimate ``V`` instead, per chain and coordinate, where the
+                target can (:class:`~metasampler.BayesianModel`: from the two halves of each
+                minibatch, at about the cost of one gradient), as a running mean over about
+                ``1 / (1 - stats.NOISE_DECAY)`` steps; replaces ``grad_noise_var``. Not exported;
+                settable as an attribute.
             **arguments: the architecture and constants, the fields of
                 :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
                 attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).
@@ -173,6 +185,7 @@ class NNSGHMC(nn.Module, Sampler):
         temperature: float = 1.0,
         schedule: Schedule | None = None,
         grad_noise_var: float = 0.0,
+        grad_noise_estimate: bool = False,
         **arguments: Any,
     ) -> None:
         nn.Module.__init__(self)
@@ -205,6 +218,7 @@ class NNSGHMC(nn.Module, Sampler):
         if not (math.isfinite(grad_noise_var) and grad_noise_var >= 0):
             raise ValueError(f"grad_noise_var must be a finite number >= 0, got {grad_noise_var!r}")
         self.grad_noise_var = float(grad_noise_var)
+        self.grad_noise_estimate = bool(grad_noise_estimate)
         # Not `self.compile`: that would shadow nn.Module.compile.
         self.use_compile = compile
         self.step_path = "auto"  # see `fast.PATHS`
@@ -306,7 +320,7 @@ class NNSGHMC(nn.Module, Sampler):
             detach=detach,
             q_momentum=self.q_momentum_input,
             q_stiffness=self.q_stiffness_input,
-            noise_correction=self.grad_noise_var > 0,
+            noise_correction=self.grad_noise_var > 0 or self.grad_noise_estimate,
             precondition=self.preconditioned,
         )
 
@@ -357,7 +371,7 @@ class NNSGHMC(nn.Module, Sampler):
                 "(metasampler.learned.stiffness.stiffness_input) or grad_sq="
             )
         if self.preconditioned:
-            v["precond_ref"] = preconditioner_reference(stiffness)
+            v["precond_ref"] = stats.preconditioner_reference(stiffness)
         return stiffness.expand_as(like)
 
     def drift_terms(
@@ -383,8 +397,9 @@ class NNSGHMC(nn.Module, Sampler):
         u, prior_grad = self._energy_input(ev, target)
         v = self._scalars(target, eta, self.temperature)
         du = ev.grad if prior_grad is None else ev.grad - v["prior_w"] * prior_grad
-        stiffness = None if grad_sq is None else chain_stiffness(grad_sq, eta, self.preconditioned)
-        stiffness = self._stiffness_given(stiffness, momentum, v)
+        if grad_sq is not None:
+            grad_sq = stats.chain_stiffness(grad_sq, eta, self.preconditioned)
+        stiffness = self._stiffness_given(grad_sq, momentum, v)
         q, d, gamma_p, dq_dph = nnsghmc_coefficients(
             u, momentum * v["inv_sp"], ev.grad * v["g_scale"], du * v["du_scale"],
             *self._nets(momentum.dtype), v, self._config("exact", detach=False), None, stiffness,
@@ -408,7 +423,8 @@ class NNSGHMC(nn.Module, Sampler):
     def _step(self, state, target, eta, temperature, generator):
         k = state.step + 1
         second_order = not self.detach_inputs and torch.is_grad_enabled()
-        ev = self.evaluate(target, state.theta, k, generator, create_graph=second_order)
+        estimate = self.grad_noise_estimate
+        ev = self.evaluate(target, state.theta, k, generator, second_order, estimate)
         u, prior_grad = self._energy_input(ev, target)
         p = state.momentum
         gamma = self.gamma if temperature > 0 else "none"
@@ -417,19 +433,17 @@ class NNSGHMC(nn.Module, Sampler):
         if gamma == "finite_difference" and "q_tilde" in extras:
             cache = (extras["u"], extras["q_tilde"], extras["p_hat"], extras["dq_dph"])
         noise = gaussian_like(p, generator) if temperature > 0 else None
-        grad_sq, stiffness = None, None
         v = self._scalars(target, eta, temperature)
-        if self.uses_stiffness:
-            grad_sq = update_grad_sq(extras.get("grad_sq"), ev.grad, k, self.stiffness_decay)
-            # V of the earlier steps; the first step has none and uses its own gradient.
-            stiffness = self._stiffness_given(
-                chain_stiffness(extras.get("grad_sq", grad_sq), eta, self.preconditioned),
-                p,
-                v,
-            )
+        decay = self.stiffness_decay if self.uses_stiffness else None
+        chain_stats = stats.update_chain_statistics(extras, ev, k, decay)
+        stiffness = None
+        if self.uses_stiffness:  # V of the earlier steps (the first step: its own gradient's)
+            past = extras.get("grad_sq", chain_stats["grad_sq"])
+            stiffness = stats.chain_stiffness(past, eta, self.preconditioned)
+            stiffness = self._stiffness_given(stiffness, p, v)
         args = StepArgs(
             state.theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype), v,
-            self._config(gamma, self.detach_inputs), stiffness,
+            self._config(gamma, self.detach_inputs), stiffness, chain_stats.get("noise_var"),
         )  # fmt: skip
         new_theta, new_p, check, new_cache = run_step(args, self)
         if not bool(torch.isfinite(check)):
@@ -442,8 +456,7 @@ class NNSGHMC(nn.Module, Sampler):
         extras = {}
         if new_cache is not None:
             extras = dict(zip(("u", "q_tilde", "p_hat", "dq_dph"), new_cache, strict=True))
-        if grad_sq is not None:
-            extras["grad_sq"] = grad_sq
+        extras.update(chain_stats)
         return SamplerState(new_theta, new_p, extras, state.step, state.eta, ev.energy, ev.grad)
 
     # -- input statistics -------------------------------------------------------------------
@@ -460,36 +473,11 @@ class NNSGHMC(nn.Module, Sampler):
 
     def extra_repr(self) -> str:
         step = f"eta={self.eta}" if self.eta is not None else f"lr={self.lr}"
-        return (
-            f"{step}, gamma={self.gamma}, beta_off={self.beta_off}, alpha={self.alpha}, "
-            f"c={self.c}, q_clamp={self.q_clamp}, d_output_scale={self.d_output_scale}, "
-            f"d_clamp={self.d_clamp}, momentum_input_clamp={self.momentum_input_clamp}, "
-            f"speed_limit={self.speed_limit}, "
-            f"grad_input={self.grad_input}, "
-            f"friction_units={self.friction_units}"
-        )
+        return ", ".join([step, *(f"{name}={getattr(self, name)}" for name in _REPR_FIELDS)])
 
     __repr__ = nn.Module.__repr__
 
 
 NNSGHMC.__doc__ = NNSGHMC.__doc__.replace("{arguments}", describe_args())
 
-
-def _signature() -> inspect.Signature:
-    """The constructor's full keyword list (its own keywords, then every
-    :class:`NNSGHMCArgs` field), so ``help`` and ``inspect.signature`` show each argument."""
-    own = [
-        p
-        for p in inspect.signature(NNSGHMC.__init__).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    ]
-    described = [
-        inspect.Parameter(
-            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
-        )
-        for f in fields(NNSGHMCArgs)
-    ]
-    return inspect.Signature([*own, *described], return_annotation=None)
-
-
-NNSGHMC.__signature__ = _signature()
+NNSGHMC.__signature__ = signature_with_args(NNSGHMC.__init__)

@@ -22,20 +22,54 @@ faster or slower by their RMS gradient's ratio to it, as pSGLD's do.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from torch import Tensor
 
-__all__ = ["chain_stiffness", "preconditioner_reference", "stiffness_input", "update_grad_sq"]
+from ..targets import Evaluation
+
+__all__ = [
+    "NOISE_DECAY",
+    "chain_stiffness",
+    "preconditioner_reference",
+    "running_mean",
+    "stiffness_input",
+    "update_chain_statistics",
+    "update_grad_sq",
+]
+
+#: Decay of the running mean of the estimated gradient-noise variance
+#: (``NNSGHMC(grad_noise_estimate=True)``): one step's estimate is a ``chi^2_1`` draw, so it is
+#: averaged over about 20 steps, short against the chain's drift on a Bayesian network.
+NOISE_DECAY = 0.95
+
+
+def running_mean(past: Tensor | None, value: Tensor, step: int, decay: float) -> Tensor:
+    """A chain statistic's running mean after its ``step``-th value (1-based): a plain mean
+    while ``1 / step > 1 - decay``, then an exponential average."""
+    if past is None:
+        return value
+    return past.lerp(value, max(1.0 / step, 1.0 - decay))  # past + w (value - past)
 
 
 def update_grad_sq(past: Tensor | None, grad: Tensor, step: int, decay: float) -> Tensor:
-    """The running mean ``V`` of ``grad^2`` after a chain's ``step``-th gradient (1-based).
+    """The running mean ``V`` of ``grad^2`` after a chain's ``step``-th gradient (1-based);
+    detached, as it is a statistic of the chain's past, not a function of its current state."""
+    return running_mean(past, grad.detach().square(), step, decay)
 
-    A plain mean while ``1 / step > 1 - decay``, then an exponential average; detached, as it
-    is a statistic of the chain's past, not a function of its current state."""
-    square = grad.detach().square()
-    if past is None:
-        return square
-    return past.lerp(square, max(1.0 / step, 1.0 - decay))  # past + w (square - past)
+
+def update_chain_statistics(
+    past: Mapping[str, Tensor], ev: Evaluation, step: int, grad_sq_decay: float | None
+) -> dict[str, Tensor]:
+    """The running means a chain carries after its ``step``-th evaluation ``ev``:
+    ``grad_sq``, of its squared gradients (when ``grad_sq_decay`` is given), and
+    ``noise_var``, of the estimated gradient-noise variance (when ``ev`` has one)."""
+    out = {}
+    if grad_sq_decay is not None:
+        out["grad_sq"] = update_grad_sq(past.get("grad_sq"), ev.grad, step, grad_sq_decay)
+    if ev.grad_noise_var is not None:
+        out["noise_var"] = running_mean(past.get("noise_var"), ev.grad_noise_var, step, NOISE_DECAY)
+    return out
 
 
 def stiffness_input(grad_sq: Tensor, eta: float) -> Tensor:

@@ -197,9 +197,21 @@ class Sampler:
         step: int,
         generator: torch.Generator | None,
         create_graph: bool = False,
+        estimate_noise: bool = False,
     ) -> Evaluation:
-        """Evaluate the target and stop with a clear message on a non-finite result."""
-        ev = target.evaluate(theta, generator, create_graph=create_graph)
+        """Evaluate the target and stop with a clear message on a non-finite result;
+        ``estimate_noise``: also its gradient noise's variance (targets with
+        ``estimates_grad_noise``, e.g. :class:`~metasampler.BayesianModel`)."""
+        if not estimate_noise:
+            ev = target.evaluate(theta, generator, create_graph=create_graph)
+        elif getattr(target, "estimates_grad_noise", False):
+            ev = target.evaluate(theta, generator, create_graph=create_graph, estimate_noise=True)
+        else:
+            raise ValueError(
+                f"{type(target).__name__} cannot estimate its gradient noise "
+                "(grad_noise_estimate needs a target with estimates_grad_noise, e.g. "
+                "metasampler.BayesianModel); where the variance is known, pass grad_noise_var"
+            )
         # At the first step the positions are the (finite) start: the step size is not the cause.
         hint = BAD_START if step <= 1 else STEP_TOO_LARGE
         check_finite(step, hint, energy=ev.energy, gradient=ev.grad)
