@@ -59,16 +59,20 @@ def sghmc_step(
     grad: Tensor,
     eta: float,
     friction: float,
-    noise_estimate: float,
+    noise_estimate: float | Tensor,
     temperature: float,
     generator: torch.Generator | None,
 ) -> tuple[Tensor, Tensor]:
     """Modified Euler for SGHMC:
-    ``p <- (1 - eta*C) p - eta*grad + N(0, 2*eta*(C - B)*T)``; ``theta <- theta + eta*p``."""
+    ``p <- (1 - eta*C) p - eta*grad + N(0, 2*eta*(C - B)*T)``; ``theta <- theta + eta*p``;
+    ``B`` a number or per coordinate (where ``B > C`` no noise is injected)."""
     new_p = (1.0 - eta * friction) * momentum - eta * grad
-    if temperature > 0 and friction > noise_estimate:
-        std = math.sqrt(2.0 * eta * (friction - noise_estimate) * temperature)
-        new_p = new_p + gaussian_like(momentum, generator, std)
+    if temperature > 0:
+        variance = (2.0 * eta * temperature) * (friction - noise_estimate)
+        if isinstance(variance, Tensor):
+            new_p = new_p + gaussian_like(momentum, generator) * variance.clamp_min(0.0).sqrt()
+        elif variance > 0:
+            new_p = new_p + gaussian_like(momentum, generator, math.sqrt(variance))
     return theta + eta * new_p, new_p
 
 

@@ -149,6 +149,9 @@ class SGHMCMethod(_Friction):
     """SGHMC with friction ``C = momentum_decay / eta``."""
 
     lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
+    # B estimated per coordinate from the minibatch's two halves (SGHMC's
+    # `grad_noise_estimate`; the control for NNSGHMC's option of that name)
+    grad_noise_estimate: bool = False
 
 
 @dataclass
@@ -278,7 +281,9 @@ def _cnnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -
 
 
 def _sghmc(options: Mapping[str, Any], lr: float, ctx: BuildContext) -> Sampler:
-    return SGHMC(lr=lr, friction=_friction(options, lr, ctx, SGHMC.order))
+    friction = _friction(options, lr, ctx, SGHMC.order)
+    estimate = bool(options.get("grad_noise_estimate", False))
+    return SGHMC(lr=lr, friction=friction, grad_noise_estimate=estimate)
 
 
 def _msgnht(options: Mapping[str, Any], lr: float, ctx: BuildContext) -> Sampler:

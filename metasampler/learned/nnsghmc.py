@@ -162,9 +162,9 @@ class NNSGHMC(nn.Module, Sampler):
                 the exported sampler; settable on a loaded one as an attribute.
             grad_noise_estimate: estimate ``V`` instead, per chain and coordinate, where the
                 target can (:class:`~metasampler.BayesianModel`: from the two halves of each
-                minibatch, at about the cost of one gradient), as a running mean over about
-                ``1 / (1 - stats.NOISE_DECAY)`` steps; replaces ``grad_noise_var``. Not exported;
-                settable as an attribute.
+                minibatch, at about the cost of one gradient), its running mean over about 20
+                steps (:mod:`metasampler.gradient_noise`); replaces ``grad_noise_var``. Not
+                exported; settable as an attribute.
             **arguments: the architecture and constants, the fields of
                 :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
                 attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).

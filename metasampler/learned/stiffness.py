@@ -26,30 +26,16 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
+from ..gradient_noise import running_mean, update_noise_var
 from ..targets import Evaluation
 
 __all__ = [
-    "NOISE_DECAY",
     "chain_stiffness",
     "preconditioner_reference",
-    "running_mean",
     "stiffness_input",
     "update_chain_statistics",
     "update_grad_sq",
 ]
-
-#: Decay of the running mean of the estimated gradient-noise variance
-#: (``NNSGHMC(grad_noise_estimate=True)``): one step's estimate is a ``chi^2_1`` draw, so it is
-#: averaged over about 20 steps, short against the chain's drift on a Bayesian network.
-NOISE_DECAY = 0.95
-
-
-def running_mean(past: Tensor | None, value: Tensor, step: int, decay: float) -> Tensor:
-    """A chain statistic's running mean after its ``step``-th value (1-based): a plain mean
-    while ``1 / step > 1 - decay``, then an exponential average."""
-    if past is None:
-        return value
-    return past.lerp(value, max(1.0 / step, 1.0 - decay))  # past + w (value - past)
 
 
 def update_grad_sq(past: Tensor | None, grad: Tensor, step: int, decay: float) -> Tensor:
@@ -67,8 +53,9 @@ def update_chain_statistics(
     out = {}
     if grad_sq_decay is not None:
         out["grad_sq"] = update_grad_sq(past.get("grad_sq"), ev.grad, step, grad_sq_decay)
-    if ev.grad_noise_var is not None:
-        out["noise_var"] = running_mean(past.get("noise_var"), ev.grad_noise_var, step, NOISE_DECAY)
+    noise_var = update_noise_var(past.get("noise_var"), ev, step)
+    if noise_var is not None:
+        out["noise_var"] = noise_var
     return out
 
 

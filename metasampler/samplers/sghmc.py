@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from ..gradient_noise import update_noise_var
 from ..integrators import gaussian_like, sghmc_step
 from ..schedules import Schedule
 from ..targets import Target
@@ -36,6 +37,11 @@ class SGHMC(Sampler):
         friction: ``C > 0``.
         noise_estimate: ``B >= 0``, the estimated variance scale of the gradient noise
             (injected noise ``N(0, 2 B eta)`` per coordinate corresponds to ``B``).
+        grad_noise_estimate: estimate ``B`` instead, per chain and coordinate, as
+            ``eta V / (2 T)`` from the running mean of the target's estimated gradient-noise
+            variance ``V`` (:mod:`metasampler.gradient_noise`; e.g.
+            :class:`~metasampler.BayesianModel`), so that the injected noise leaves out the
+            ``eta^2 V`` the gradient's noise brings.
         temperature, schedule: as for every sampler.
         momentum_init: ``"normal"`` draws ``p ~ N(0, T I)`` (the stationary law), ``"zeros"``
             starts at rest.
@@ -53,6 +59,7 @@ class SGHMC(Sampler):
         temperature: float = 1.0,
         schedule: Schedule | None = None,
         momentum_init: str = "normal",
+        grad_noise_estimate: bool = False,
     ) -> None:
         super().__init__(eta=eta, lr=lr, temperature=temperature, schedule=schedule)
         if not (friction > 0 and math.isfinite(friction)):
@@ -67,6 +74,7 @@ class SGHMC(Sampler):
         self.friction = float(friction)
         self.noise_estimate = float(noise_estimate)
         self.momentum_init = momentum_init
+        self.grad_noise_estimate = bool(grad_noise_estimate)
 
     def _init_extras(
         self, state: SamplerState, target: Target, generator: torch.Generator | None
@@ -75,18 +83,20 @@ class SGHMC(Sampler):
         return state
 
     def _step(self, state, target, eta, temperature, generator):
-        ev = self.evaluate(target, state.theta, state.step + 1, generator)
-        theta, momentum = sghmc_step(
-            state.theta,
-            state.momentum,
-            ev.grad,
-            eta,
-            self.friction,
-            self.noise_estimate,
-            temperature,
-            generator,
+        k = state.step + 1
+        ev = self.evaluate(
+            target, state.theta, k, generator, estimate_noise=self.grad_noise_estimate
         )
-        return SamplerState(theta, momentum, {}, state.step, state.eta, ev.energy)
+        noise_var = update_noise_var(state.extras.get("noise_var"), ev, k)
+        noise_estimate = self.noise_estimate
+        if noise_var is not None and temperature > 0:
+            noise_estimate = (eta / (2.0 * temperature)) * noise_var
+        theta, momentum = sghmc_step(
+            state.theta, state.momentum, ev.grad, eta, self.friction, noise_estimate,
+            temperature, generator,
+        )  # fmt: skip
+        extras = {} if noise_var is None else {"noise_var": noise_var}
+        return SamplerState(theta, momentum, extras, state.step, state.eta, ev.energy)
 
 
 def init_momentum(

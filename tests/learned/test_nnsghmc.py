@@ -8,6 +8,7 @@ import pytest
 import torch
 from statistical import (
     Banana,
+    HalvesNoiseTarget,
     Moments,
     check_moments,
     diagonal_gaussian,
@@ -48,28 +49,6 @@ class SplitPriorTarget:
             prior, prior_grad = prior.detach(), prior_grad.detach()
         noise_var = (0.2 + theta.detach().square()) if estimate_noise else None
         return Evaluation(lik + prior, lik_grad + prior_grad, prior, prior_grad, noise_var)
-
-
-class HalvesNoiseTarget:
-    """A Gaussian target whose gradient noise ``N(0, V)`` is the sum of two halves'
-    ``N(0, V / 2)``, and whose noise estimate is their squared difference (unbiased for
-    ``V``), as ``BayesianModel`` estimates it from a minibatch's two halves."""
-
-    estimates_grad_noise = True
-
-    def __init__(self, case, grad_noise_std: float) -> None:
-        self.inner, self.dim, self.n_data = case.target(), case.dim, 1
-        self.half_std = grad_noise_std / 2**0.5
-
-    def evaluate(self, theta, generator=None, create_graph=False, estimate_noise=False):
-        ev = self.inner.evaluate(theta, generator, create_graph)
-        device = generator.device if generator is not None else theta.device
-        halves = self.half_std * torch.randn(
-            (2, *theta.shape), generator=generator, device=device, dtype=theta.dtype
-        )
-        ev.grad = ev.grad + halves.sum(0)
-        ev.grad_noise_var = (halves[0] - halves[1]).square() if estimate_noise else None
-        return ev
 
 
 def strongly_state_dependent(gamma: str, scale: float = 2.5, **kwargs) -> NNSGHMC:
@@ -122,6 +101,25 @@ def test_known_gradient_noise_reduces_to_sghmc_noise_estimate():
         result = ms.sample(sampler, target, 10, 200, init=init, seed=3, progress=False)
         torch.testing.assert_close(result.theta, reference.theta, atol=1e-6, rtol=0)
     assert (plain.theta - reference.theta).abs().max() > 1e-3  # the correction is not a no-op
+
+
+def test_estimated_gradient_noise_reduces_to_sghmc_with_the_estimate():
+    # The same reduction with V estimated: Q_f = 1 gives SGHMC's B = eta V / 2 per coordinate
+    # from the same running mean, step for step.
+    target = HalvesNoiseTarget(random_gaussian(dim=5), grad_noise_std=0.7)
+    init = torch.randn(10, 5, generator=torch.Generator().manual_seed(1))
+    sghmc = SGHMC(eta=0.05, friction=0.7, grad_noise_estimate=True)
+    reference = ms.sample(sghmc, target, 10, 200, init=init, seed=3, progress=False)
+    sampler = NNSGHMC(eta=0.05, beta_off=1.0, c=0.7, d_output_scale=0.0, grad_noise_estimate=True)
+    with torch.no_grad():
+        sampler.f_q.head.weight.zero_()
+        sampler.f_q.head.bias.zero_()
+    result = ms.sample(sampler, target, 10, 200, init=init, seed=3, progress=False)
+    torch.testing.assert_close(result.theta, reference.theta, atol=1e-6, rtol=0)
+    plain = ms.sample(
+        SGHMC(eta=0.05, friction=0.7), target, 10, 200, init=init, seed=3, progress=False
+    )
+    assert (plain.theta - reference.theta).abs().max() > 1e-3  # the estimate is not a no-op
 
 
 @pytest.mark.slow
