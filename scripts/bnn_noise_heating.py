@@ -14,6 +14,9 @@ docs/METHOD.md §3): what ``NNSGHMC(grad_noise_var=...)`` would remove if ``V`` 
     python scripts/bnn_noise_heating.py --temperature --sampler sghmc --lr 0.16 \
         [--friction-per-step 0.1]
 
+``--noise-estimate`` (with ``--temperature``): the sampler estimates the gradient noise's
+variance and leaves it out of the injected noise (``grad_noise_estimate``; session 22).
+
 ``--temperature`` measures the heat instead: ``--chains`` chains of the sampler (or SGHMC with
 friction ``a = eta C`` per step) run ``--steps`` steps (no warm-up), and the mean of ``p_i^2``
 over coordinates and chains, averaged over the last 500 steps (every 10th), is printed:
@@ -47,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", action="store_true", help="measure mean p^2 instead")
     parser.add_argument("--chains", type=int, default=5, help="--temperature: chains")
     parser.add_argument("--friction-per-step", type=float, default=0.1, help="SGHMC's a")
+    parser.add_argument(
+        "--noise-estimate",
+        action="store_true",
+        help="--temperature: the sampler estimates the gradient noise (grad_noise_estimate)",
+    )
     args = parser.parse_args(argv)
     if args.temperature and args.steps < 500:
         parser.error("--temperature needs --steps >= 500 (the average covers the last 500)")
@@ -67,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler = ms.samplers.SGHMC(eta=eta, friction=args.friction_per_step / eta)
         else:
             sampler = ms.load_sampler(args.sampler, lr=args.lr)
+        sampler.grad_noise_estimate = args.noise_estimate
         init = problem.init(args.chains, torch.Generator().manual_seed(0))
         return kinetic_temperature(sampler, target, init, args.steps)
     sampler = ms.load_sampler(args.sampler, lr=args.lr)

@@ -18,7 +18,9 @@ round's SGHMC block time.
   and ``f_D(U, p, g)`` of 10 units, with ``softsign`` units, exact and FD),
   ``mnist_mlp_floor_positive`` (the same layout with a softplus curl output and the curl's
   speed limit, exact and FD), ``mnist_mlp_positive_preconditioned`` (that file with the
-  curl's stiffness preconditioner, exact Gamma only), and untrained
+  curl's stiffness preconditioner, exact Gamma only; and with ``grad_noise_estimate``: the
+  gradient noise's variance estimated from the minibatch's halves, as SGHMC's next to it),
+  and untrained
   nets of 10 and 40 units (``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` is the default)
   with the ``softsign`` activation ``a / (1 + |a|)`` (one division per unit; the default
   activation since session 17) and 40 units with ``tanh`` (its rational form of eleven
@@ -110,8 +112,11 @@ def sampling_variants() -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         built = {key: NNSGHMC(**kwargs) for key, kwargs in nets.items()}
+    estimating = load_sampler(PRECONDITIONED)
+    estimating.grad_noise_estimate = True
     return {
         "SGHMC": SGHMC(eta=eta, friction=1.0),
+        "SGHMC, noise estimate": SGHMC(eta=eta, friction=1.0, grad_noise_estimate=True),
         "shipped exact": load_sampler(SHIPPED),
         "shipped FD": load_sampler(SHIPPED, gamma="finite_difference"),
         "shipped exact, eager": eager,
@@ -124,6 +129,7 @@ def sampling_variants() -> dict:
         "mnist_mlp_floor_positive exact": load_sampler(POSITIVE),
         "mnist_mlp_floor_positive FD": load_sampler(POSITIVE, gamma="finite_difference"),
         "mnist_mlp_positive_preconditioned exact": load_sampler(PRECONDITIONED),
+        "mnist_mlp_positive_preconditioned exact, noise estimate": estimating,
         "10-unit softsign exact": built[10, "softsign", "exact"],
         "10-unit softsign FD": built[10, "softsign", "finite_difference"],
         "40-unit tanh exact": built[40, "tanh", "exact"],
