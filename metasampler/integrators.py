@@ -68,7 +68,7 @@ def sghmc_step(
     ``B`` a number or per coordinate (where ``B > C`` no noise is injected)."""
     new_p = (1.0 - eta * friction) * momentum - eta * grad
     if temperature > 0:
-        variance = (2.0 * eta * temperature) * (friction - noise_estimate)
+        variance = 2.0 * eta * (friction - noise_estimate) * temperature
         if isinstance(variance, Tensor):
             new_p = new_p + gaussian_like(momentum, generator) * variance.clamp_min(0.0).sqrt()
         elif variance > 0:

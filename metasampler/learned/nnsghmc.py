@@ -397,9 +397,10 @@ class NNSGHMC(nn.Module, Sampler):
         u, prior_grad = self._energy_input(ev, target)
         v = self._scalars(target, eta, self.temperature)
         du = ev.grad if prior_grad is None else ev.grad - v["prior_w"] * prior_grad
+        stiffness = None
         if grad_sq is not None:
-            grad_sq = stats.chain_stiffness(grad_sq, eta, self.preconditioned)
-        stiffness = self._stiffness_given(grad_sq, momentum, v)
+            stiffness = stats.chain_stiffness(grad_sq, eta, self.preconditioned)
+        stiffness = self._stiffness_given(stiffness, momentum, v)
         q, d, gamma_p, dq_dph = nnsghmc_coefficients(
             u, momentum * v["inv_sp"], ev.grad * v["g_scale"], du * v["du_scale"],
             *self._nets(momentum.dtype), v, self._config("exact", detach=False), None, stiffness,
