@@ -46,7 +46,9 @@ in meta-training and evaluation::
 
 Not in the SPEC: with a known gradient-noise variance ``V`` (``grad_noise_var``, default 0)
 the injected noise is ``N(0, 2 eta T D_f - eta^2 Q_f^2 V)``, because ``- eta Q_f grad Ũ``
-already carries ``eta^2 Q_f^2 V`` (SGHMC's ``B_hat``; docs/METHOD.md §3).
+already carries ``eta^2 Q_f^2 V`` (SGHMC's ``B_hat``; docs/METHOD.md §3); with
+``grad_noise_estimate`` ``V`` is each chain's running estimate per coordinate instead
+(:mod:`metasampler.gradient_noise`). Both off, the update is the SPEC's.
 
 ``gamma`` chooses how the derivatives are obtained:
 
