@@ -63,9 +63,10 @@ Reduction: ``f_phiQ ≡ 0, beta_off = 1, alpha = 0, s_D = 0, c = C`` is exactly 
 friction ``C``.
 
 Code: these equations are written once, in :mod:`metasampler.learned.equations` (pure
-functions); :mod:`metasampler.learned.fast` chooses how a step runs them (compiled in the
-background, in cache-sized blocks, with autograd); this module holds the sampler's inputs,
-constants and protocol.
+functions); :mod:`metasampler.learned.inputs` computes their inputs and scalars from the
+sampler's constants and the target; :mod:`metasampler.learned.fast` chooses how a step runs
+them (compiled in the background, in cache-sized blocks, with autograd); this module holds the
+sampler's constants, its chain statistics and the sampler protocol.
 """
 
 from __future__ import annotations
@@ -95,10 +96,11 @@ from ..samplers.base import Sampler, SamplerState, check_finite
 from ..samplers.sghmc import init_momentum
 from ..schedules import Schedule
 from ..stepsize import resolve_eta
-from ..targets import Evaluation, Target
+from ..targets import Target
+from . import inputs
 from . import stiffness as stats
 from .calibration import calibrate_inputs
-from .equations import StepArgs, StepConfig, nnsghmc_coefficients
+from .equations import StepArgs, nnsghmc_coefficients
 from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
 
@@ -256,75 +258,11 @@ class NNSGHMC(nn.Module, Sampler):
             **{f.name: getattr(self, f.name) for f in arg_fields(CONSTANTS)},
         )
 
-    # -- net inputs ----------------------------------------------------------------------------
-    def _energy_divisor(self, target: Target) -> float:
-        """What the energy is divided by before it enters the nets: ``N`` or ``N D``.
-
-        SPEC §3 (004 appendix E) feeds the per-datum energy ``U / N``, the default. The
-        per-coordinate option (not in the SPEC) also divides by ``D`` so that a sampler trained
-        on one dimension sees inputs of the same scale on another (docs/RESULTS.md, #11); the
-        chain rule in Gamma uses the same divisor (``du_scale``)."""
-        if self.energy_input == "per_coordinate":
-            return float(target.n_data * target.dim)
-        return float(target.n_data)
-
-    def _energy_input(self, ev: Evaluation, target: Target) -> tuple[Tensor, Tensor | None]:
-        """Standardised energy input ``u`` ``(K, 1)``, and the prior gradient when the prior
-        enters it (``r != 1``)."""
-        train_dim = int(self.train_dim)
-        prior_w = 1.0 - (train_dim / target.dim if train_dim > 0 else 1.0)
-        energy = ev.energy
-        if prior_w != 0.0:  # (with r = 1 the prior terms are multiplied by 0: skip them)
-            energy = energy - prior_w * ev.prior_energy
-        scale = self.energy_input_scale / float(self.energy_std)
-        u = (energy / self._energy_divisor(target) - float(self.energy_loc)) * scale
-        return u.unsqueeze(-1), ev.prior_grad if prior_w != 0.0 else None
-
-    def _scalars(self, target: Target, eta: float, temperature: float) -> dict[str, float]:
-        """The values of ``SCALARS`` for one step."""
-        train_dim = int(self.train_dim)
-        if self.grad_input == "per_datum":
-            g_scale = self.grad_input_scale / target.n_data
-        else:
-            g_scale = self.grad_input_scale / float(self.grad_std)
-        return {
-            "eta": eta,
-            "temperature": temperature,
-            "inv_sp": 1.0 / float(self.momentum_std),
-            "g_scale": g_scale,
-            "du_scale": self.energy_input_scale
-            / (float(self.energy_std) * self._energy_divisor(target)),
-            "prior_w": 1.0 - (train_dim / target.dim if train_dim > 0 else 1.0),
-            "alpha": self.alpha,
-            "c": self.c,
-            "s_d": self.d_output_scale,
-            "q_clamp": self.q_clamp,
-            "beta_off": self.beta_off,
-            "d_clamp": math.inf if self.d_clamp is None else self.d_clamp,
-            "grad_noise_var": self.grad_noise_var,
-            "precond_power": self.precondition_power,
-            "precond_ref": 0.0,  # the median stiffness of the step (`_stiffness_given`)
-            "precond_range": self.precondition_range,
-            "p_clamp": math.inf if self.momentum_input_clamp is None else self.momentum_input_clamp,
-            "speed_limit": math.inf if self.speed_limit is None else self.speed_limit,
-        }
-
-    def _config(self, gamma: str, detach: bool) -> StepConfig:
-        return StepConfig(
-            activation=self.f_q.activation,
-            d_output=self.f_d.output,
-            q_output=self.f_q.output,
-            gamma=gamma,
-            per_step=self.friction_units == "per_step",
-            clamp_d=self.d_clamp is not None,
-            clamp_p=self.momentum_input_clamp is not None,
-            limit_speed=self.speed_limit is not None,
-            detach=detach,
-            q_momentum=self.q_momentum_input,
-            q_stiffness=self.q_stiffness_input,
-            noise_correction=self.grad_noise_var > 0 or self.grad_noise_estimate,
-            precondition=self.preconditioned,
-        )
+    # -- net inputs and the step's scalars (:mod:`metasampler.learned.inputs`) ------------------
+    _energy_divisor = inputs.energy_divisor
+    _energy_input = inputs.energy_input
+    _scalars = inputs.step_scalars
+    _config = inputs.step_config
 
     def _nets(self, dtype: torch.dtype | None = None) -> tuple[NetParams, NetParams]:
         """The nets' weights, in ``dtype`` (the chains'; a no-op when they agree)."""
