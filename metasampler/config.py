@@ -74,6 +74,10 @@ SamplerConfig = make_dataclass(
         # the injected noise leaves out the part the noisy gradient already brings
         # (NNSGHMC(grad_noise_var=...)); not stored in the exported sampler
         ("grad_noise_var", float, field(default=0.0)),
+        # estimate that variance per chain and coordinate instead, from the two halves the
+        # target draws each gradient's noise from (NNSGHMC(grad_noise_estimate=True)); not
+        # stored in the exported sampler
+        ("grad_noise_estimate", bool, field(default=False)),
     ],
     namespace={"__doc__": "NNSGHMC architecture and constants (see :class:`NNSGHMCArgs`)."},
 )

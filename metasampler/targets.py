@@ -14,6 +14,7 @@ Two kinds ship with the library:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -65,8 +66,9 @@ class Evaluation:
         prior_energy: ``(K,)`` ``-log p(theta)`` part of ``energy`` (zeros for toy targets).
         prior_grad: ``(K, D)`` gradient of ``prior_energy``.
         grad_noise_var: ``(K, D)`` an unbiased estimate of the variance of ``grad``'s
-            minibatch noise per coordinate, detached; ``None`` unless asked for
-            (``BayesianModel.evaluate(..., estimate_noise=True)``).
+            noise per coordinate, detached; ``None`` unless asked for
+            (``evaluate(..., estimate_noise=True)`` of a target with ``estimates_grad_noise``:
+            :class:`~metasampler.BayesianModel`, :class:`EnergyTarget`).
     """
 
     energy: Tensor
@@ -167,19 +169,43 @@ class EnergyTarget:
         """Exact energy ``U(theta)``, shape ``(K,)``."""
         return self.energy_fn(theta)
 
+    #: :meth:`evaluate` can estimate its injected noise's variance (``estimate_noise=True``),
+    #: as a minibatch's two halves do (``NNSGHMC(grad_noise_estimate=True)`` asks for it).
+    estimates_grad_noise = True
+
     def evaluate(
-        self, theta: Tensor, generator: torch.Generator | None = None, create_graph: bool = False
+        self,
+        theta: Tensor,
+        generator: torch.Generator | None = None,
+        create_graph: bool = False,
+        estimate_noise: bool = False,
     ) -> Evaluation:
+        """Energy and gradient (plus the injected noise) at ``theta`` ``(K, D)``.
+
+        ``estimate_noise=True`` draws the noise as a minibatch's is, the mean of two
+        independent halves ``h_a, h_b ~ N(0, 2 sigma^2)`` (the same ``N(0, sigma^2)`` in
+        ``grad``), and returns ``grad_noise_var = (h_a - h_b)^2 / 4``, an unbiased one-draw
+        estimate of ``sigma^2`` per coordinate, as
+        :meth:`BayesianModel.evaluate <metasampler.BayesianModel.evaluate>` gives from its
+        minibatch's halves. The sampler is not told ``sigma``: it sees the halves only.
+        """
         check_positions(theta, self.dim)
         if self.grad_fn is not None and not create_graph:
             with torch.no_grad():
                 energy, grad = self.energy_fn(theta), self.grad_fn(theta)
         else:
             energy, grad = energy_and_grad(self.energy_fn, theta, create_graph)
-        if self.grad_noise_std > 0:
+        noise_var = None
+        if estimate_noise:
+            shape = (2, *theta.shape)
+            z = torch.randn(shape, generator=generator, dtype=theta.dtype, device=theta.device)
+            halves = z * (math.sqrt(2.0) * self.grad_noise_std)
+            grad = grad + 0.5 * (halves[0] + halves[1])
+            noise_var = 0.25 * (halves[0] - halves[1]).square()
+        elif self.grad_noise_std > 0:
             noise = torch.randn(
                 theta.shape, generator=generator, dtype=theta.dtype, device=theta.device
             )
             grad = grad + self.grad_noise_std * noise
         zeros = torch.zeros_like(energy)
-        return Evaluation(energy, grad, zeros, torch.zeros_like(grad))
+        return Evaluation(energy, grad, zeros, torch.zeros_like(grad), noise_var)

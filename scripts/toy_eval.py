@@ -1,8 +1,8 @@
 """Evaluate trained toy samplers on the 20-D test protocol (SPEC §5).
 
     python scripts/toy_eval.py runs/toy_gaussian/sampler.safetensors [more files] \\
-        [--n-steps 12000] [--n-chains 50] [--eta 0.025] [--seed 0] [--noise-correction] \\
-        [--json out.json]
+        [--n-steps 12000] [--n-chains 50] [--eta 0.025] [--seed 0] \\
+        [--noise-correction | --noise-estimate] [--json out.json]
 
 For each sampler file: 50 chains x 12,000 steps on the 20-D correlated test Gaussian with
 gradient noise N(0, 1), ``eta = 0.025``, chains from ``U([0, 6]^D)``; prints KL@1k, KL@12k
@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="give the sampler the test's known gradient-noise variance (grad_noise_var = 1)",
     )
+    parser.add_argument(
+        "--noise-estimate",
+        action="store_true",
+        help="the sampler estimates the gradient noise's variance from the two halves the "
+        "target draws it from (grad_noise_estimate), not told it",
+    )
     parser.add_argument("--json", type=Path, default=None, help="append results as JSON lines")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler.use_compile = False
             if args.noise_correction:
                 sampler.grad_noise_var = TEST_GRAD_NOISE_STD**2
+            sampler.grad_noise_estimate = args.noise_estimate
         except (FileNotFoundError, ms.SamplerFileError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -108,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json is not None:
             record = {"sampler": str(path), "normalised_energy": normalised, **result}
             record["grad_noise_var"] = sampler.grad_noise_var
+            record["grad_noise_estimate"] = sampler.grad_noise_estimate
             with args.json.open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
     return 0

@@ -77,28 +77,6 @@ class GaussianCase:
         return gaussian_kl(samples, self.mean, self.cov)
 
 
-class HalvesNoiseTarget:
-    """A Gaussian target whose gradient noise ``N(0, V)`` is the sum of two halves'
-    ``N(0, V / 2)``, and whose noise estimate is their squared difference (unbiased for
-    ``V``), as ``BayesianModel`` estimates it from a minibatch's two halves."""
-
-    estimates_grad_noise = True
-
-    def __init__(self, case, grad_noise_std: float) -> None:
-        self.inner, self.dim, self.n_data = case.target(), case.dim, 1
-        self.half_std = grad_noise_std / 2**0.5
-
-    def evaluate(self, theta, generator=None, create_graph=False, estimate_noise=False):
-        ev = self.inner.evaluate(theta, generator, create_graph)
-        device = generator.device if generator is not None else theta.device
-        halves = self.half_std * torch.randn(
-            (2, *theta.shape), generator=generator, device=device, dtype=theta.dtype
-        )
-        ev.grad = ev.grad + halves.sum(0)
-        ev.grad_noise_var = (halves[0] - halves[1]).square() if estimate_noise else None
-        return ev
-
-
 def isotropic_gaussian(dim: int = 3) -> GaussianCase:
     """``N(0, I_dim)`` in float64."""
     return GaussianCase.from_cov(torch.zeros(dim, dtype=torch.float64), torch.eye(dim).double())

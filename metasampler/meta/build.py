@@ -15,8 +15,12 @@ __all__ = ["build_sampler", "settings_from_config", "with_step"]
 def build_sampler(cfg: Any, seed: int = 0) -> NNSGHMC:
     """An untrained :class:`NNSGHMC` from a ``SamplerConfig``."""
     args = NNSGHMCArgs.from_config(cfg)
-    noise_var = float(cfg.get("grad_noise_var", 0.0))  # (configs older than the key)
-    return NNSGHMC(eta=cfg.eta, lr=cfg.lr, seed=seed, grad_noise_var=noise_var, **args.as_kwargs())
+    noise_var = float(cfg.get("grad_noise_var", 0.0))  # (configs older than the keys)
+    estimate = bool(cfg.get("grad_noise_estimate", False))
+    return NNSGHMC(
+        eta=cfg.eta, lr=cfg.lr, seed=seed, grad_noise_var=noise_var,
+        grad_noise_estimate=estimate, **args.as_kwargs(),
+    )  # fmt: skip
 
 
 def with_step(sampler: NNSGHMC, eta: float | None = None, lr: float | None = None) -> NNSGHMC:

@@ -8,7 +8,6 @@ import pytest
 import torch
 from statistical import (
     Banana,
-    HalvesNoiseTarget,
     Moments,
     check_moments,
     diagonal_gaussian,
@@ -106,7 +105,7 @@ def test_known_gradient_noise_reduces_to_sghmc_noise_estimate():
 def test_estimated_gradient_noise_reduces_to_sghmc_with_the_estimate():
     # The same reduction with V estimated: Q_f = 1 gives SGHMC's B = eta V / 2 per coordinate
     # from the same running mean, step for step.
-    target = HalvesNoiseTarget(random_gaussian(dim=5), grad_noise_std=0.7)
+    target = random_gaussian(dim=5).target(0.7)
     init = torch.randn(10, 5, generator=torch.Generator().manual_seed(1))
     sghmc = SGHMC(eta=0.05, friction=0.7, grad_noise_estimate=True)
     reference = ms.sample(sghmc, target, 10, 200, init=init, seed=3, progress=False)
@@ -132,7 +131,7 @@ def test_known_or_estimated_gradient_noise_variance_removes_the_heating():
     # estimated from the noise's two halves (a chi^2_1 draw a step, averaged over ~20 steps)
     # the same: measured 1.05-1.06.
     case = random_gaussian(dim=5)
-    target = HalvesNoiseTarget(case, grad_noise_std=2.0)
+    target = case.target(2.0)
     errors = {}
     for told in ("nothing", "V = 4", "V estimated"):
         sampler = strongly_state_dependent(
@@ -154,8 +153,20 @@ def test_known_or_estimated_gradient_noise_variance_removes_the_heating():
     assert errors["nothing"] > 3 * max(errors["V = 4"], errors["V estimated"]), errors
 
 
+class _NoEstimateTarget:
+    """A target that cannot estimate its gradient noise (no ``estimates_grad_noise``)."""
+
+    dim, n_data = 5, 1
+
+    def __init__(self) -> None:
+        self.inner, _ = quadratic_target(noise=0.5)
+
+    def evaluate(self, theta, generator=None, create_graph=False):
+        return self.inner.evaluate(theta, generator, create_graph)
+
+
 def test_estimating_the_gradient_noise_needs_a_target_that_can():
-    target, _ = quadratic_target(noise=0.5)
+    target = _NoEstimateTarget()
     sampler = NNSGHMC(eta=0.05, grad_noise_estimate=True)
     with pytest.raises(ValueError, match="cannot estimate its gradient noise"):
         ms.sample(sampler, target, 2, 3, init=torch.zeros(2, 5), progress=False)
@@ -673,7 +684,7 @@ def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, curl, tmp_
     for name in ("_RUNNERS", "_BUILDS"):
         monkeypatch.setattr(aot, name, {})
     monkeypatch.setattr(aot, "_FAILED", set())
-    target = HalvesNoiseTarget(random_gaussian(dim=5), grad_noise_std=0.5)
+    target = random_gaussian(dim=5).target(0.5)
     init = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
     kwargs = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, **CURL_INPUTS[curl])
     eager = path_sampler(hidden, gamma, compile=False, **kwargs)

@@ -208,6 +208,7 @@ def test_config_passes_the_new_sampler_constants_to_the_sampler():
         "sampler.grad_input=per_datum",
         "sampler.friction_units=per_step",
         "sampler.grad_noise_var=1.0",
+        "sampler.grad_noise_estimate=true",
     ]
     sampler = build_sampler(load_config(None, overrides).sampler)
     assert (sampler.d_clamp, sampler.grad_input, sampler.friction_units) == (
@@ -215,14 +216,14 @@ def test_config_passes_the_new_sampler_constants_to_the_sampler():
         "per_datum",
         "per_step",
     )
-    assert sampler.grad_noise_var == 1.0
+    assert sampler.grad_noise_var == 1.0 and sampler.grad_noise_estimate
     default = build_sampler(load_config(None, []).sampler)
     assert (default.d_clamp, default.grad_input, default.friction_units) == (
         None,
         "standardised",
         "absolute",
     )
-    assert default.grad_noise_var == 0.0
+    assert default.grad_noise_var == 0.0 and not default.grad_noise_estimate
 
 
 def test_cli_fails_before_work_on_a_bad_config(tmp_path):

@@ -28,7 +28,6 @@ import numpy as np
 import pytest
 import torch
 from statistical import (
-    HalvesNoiseTarget,
     check_moments,
     check_stationary,
     correlated_gaussian,
@@ -131,7 +130,7 @@ def test_sghmc_estimated_noise_corrects_gradient_noise():
     eta, friction, sigma = 0.1, 1.0, 4.0
     sampler = SGHMC(eta=eta, friction=friction, grad_noise_estimate=True)
     init = torch.zeros(200, DIM, dtype=torch.float64)
-    target = HalvesNoiseTarget(CASE, sigma)
+    target = CASE.target(sigma)
     result = run_chains(sampler, target, 200, 3000, init=init, seed=0)
     check_stationary(result.theta, CASE, 500, kl_max=0.01, mean_atol=0.1, cov_atol=0.1)
 

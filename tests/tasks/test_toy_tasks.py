@@ -218,6 +218,30 @@ def test_gradient_noise_has_requested_std(sigma):
     assert torch.equal(ev.grad, ev2.grad)
 
 
+@pytest.mark.parametrize("sigma", [0.0, 0.7])
+def test_gradient_noise_estimate_is_unbiased_and_keeps_the_noise(sigma):
+    # Asked for an estimate, the noise is drawn as a minibatch's: the mean of two halves. It
+    # must keep its N(0, sigma^2) law, and the halves' estimate must average to sigma^2 (100k
+    # chi^2_1 draws: relative standard error 0.45%, so 2% is ~4.5 SE; an estimate of sigma,
+    # 0.7 against 0.49, or of 2 sigma^2 fails).
+    task = paper_train_gaussian()
+    target = task.target(grad_noise_std=sigma, dtype=torch.float64)
+    x = _points(10, n=10_000, scale=1.0, shift=3.0)
+    ev = target.evaluate(x, torch.Generator().manual_seed(0), estimate_noise=True)
+    noise = ev.grad - task.grad(x)
+    assert ev.grad_noise_var.shape == x.shape
+    if sigma == 0:
+        assert torch.equal(noise, torch.zeros_like(noise))
+        assert torch.equal(ev.grad_noise_var, torch.zeros_like(noise))
+        return
+    assert float(noise.std()) == pytest.approx(sigma, rel=0.02)
+    assert abs(float(noise.mean())) < 5 * sigma / math.sqrt(noise.numel())
+    assert float(ev.grad_noise_var.mean()) == pytest.approx(sigma**2, rel=0.02)
+    # a one-draw estimate per coordinate (chi^2_1: variance 2 sigma^4), not the noise itself
+    assert float(ev.grad_noise_var.var()) == pytest.approx(2 * sigma**4, rel=0.05)
+    assert target.evaluate(x, torch.Generator().manual_seed(0)).grad_noise_var is None
+
+
 # -- double well --------------------------------------------------------------------------
 def _fine_grid_moments():
     x = np.linspace(-9.0, 8.0, 400_001)
