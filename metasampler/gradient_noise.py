@@ -4,7 +4,8 @@ A stochastic gradient ``grad Ũ = grad U + eps`` brings ``eta^2 V`` of momentum 
 step (times ``Q^2`` through a curl), which the friction does not balance: the chains run hot.
 Where ``V`` is known the samplers leave that share out of the injected noise (SGHMC's ``B``
 correction, Chen et al. 2014). Where it is not, a target that can
-(:class:`~metasampler.BayesianModel`: from the two halves of each minibatch) returns a
+(:class:`~metasampler.BayesianModel`: from the two halves of each minibatch;
+:class:`~metasampler.EnergyTarget`: from the two halves it draws its injected noise from) returns a
 one-draw unbiased estimate with each evaluation, ``Evaluation.grad_noise_var``; a chain keeps
 its running mean, :func:`update_noise_var`.
 """

@@ -166,7 +166,8 @@ class NNSGHMC(nn.Module, Sampler):
                 the exported sampler; settable on a loaded one as an attribute.
             grad_noise_estimate: estimate ``V`` instead, per chain and coordinate, where the
                 target can (:class:`~metasampler.BayesianModel`: from the two halves of each
-                minibatch, at about the cost of one gradient), its running mean over about 20
+                minibatch, at about the cost of one gradient; :class:`~metasampler.EnergyTarget`:
+                from the two halves of its injected noise), its running mean over about 20
                 steps (:mod:`metasampler.gradient_noise`); replaces ``grad_noise_var``. Not
                 exported; settable as an attribute.
             **arguments: the architecture and constants, the fields of

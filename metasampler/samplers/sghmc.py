@@ -40,8 +40,8 @@ class SGHMC(Sampler):
         grad_noise_estimate: estimate ``B`` instead, per chain and coordinate, as
             ``eta V / (2 T)`` from the running mean of the target's estimated gradient-noise
             variance ``V`` (:mod:`metasampler.gradient_noise`; e.g.
-            :class:`~metasampler.BayesianModel`), so that the injected noise leaves out the
-            ``eta^2 V`` the gradient's noise brings.
+            :class:`~metasampler.BayesianModel`, :class:`~metasampler.EnergyTarget`), so that
+            the injected noise leaves out the ``eta^2 V`` the gradient's noise brings.
         temperature, schedule: as for every sampler.
         momentum_init: ``"normal"`` draws ``p ~ N(0, T I)`` (the stationary law), ``"zeros"``
             starts at rest.
