@@ -394,9 +394,11 @@ class BayesianModel:
                 self._likelihood_energy_and_grad(theta, hx, hy, scale, create_graph)
                 for hx, hy in halves
             )
+            # m_a m_b (1 - M/N) (g_a/m_a - g_b/m_b)^2 = (m_b/m_a) (1 - M/N) (g_a - (m_a/m_b) g_b)^2,
+            # in place: fresh (K, D) temporaries cost more than the arithmetic here.
+            noise_var = torch.sub(g_a.detach(), g_b.detach(), alpha=sizes[0] / sizes[1])
+            noise_var.square_().mul_(sizes[1] / sizes[0] * (1.0 - x.shape[0] / self.n_data))
             energy, grad = e_a + e_b, g_a + g_b
-            noise_var = (g_a.detach() / sizes[0] - g_b.detach() / sizes[1]).square()
-            noise_var = noise_var * (sizes[0] * sizes[1] * (1.0 - x.shape[0] / self.n_data))
         prior_energy = self.prior_energy(theta)
         prior_grad = theta / self.prior_std**2
         if not create_graph:
