@@ -196,7 +196,9 @@ class EnergyTarget:
         else:
             energy, grad = energy_and_grad(self.energy_fn, theta, create_graph)
         noise_var = None
-        if estimate_noise:
+        if estimate_noise and self.grad_noise_std == 0:
+            noise_var = torch.zeros_like(grad)
+        elif estimate_noise:
             shape = (2, *theta.shape)
             z = torch.randn(shape, generator=generator, dtype=theta.dtype, device=theta.device)
             halves = z * (math.sqrt(2.0) * self.grad_noise_std)
