@@ -38,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "speed")]
 
-from bench_nnsghmc_overhead import SOFTSIGN, mlp_target  # noqa: E402
+from bench_nnsghmc_overhead import FLOOR, PRECONDITIONED, SHIPPED, mlp_target  # noqa: E402
 from statistical import check_moments, moments, random_gaussian, run_chains  # noqa: E402
 
 from metasampler.export import load_sampler  # noqa: E402
@@ -54,6 +54,7 @@ PATH_CASES = [
     ((6,), "finite_difference", dict(q_momentum_input=True)),
     ((5, 4), "exact", dict(q_momentum_input=True)),
     ((6,), "exact", dict(q_momentum_input=False, q_stiffness_input=True, activation="softsign")),
+    ((6,), "finite_difference", dict(q_momentum_input=True, q_output="softplus", speed_limit=4.0)),
 ]
 
 
@@ -175,8 +176,10 @@ def check_stationarity(device: torch.device, n_chains: int) -> None:
 
 
 def speed_variants() -> dict:
-    """SGHMC, the shipped softsign sampler as loaded (no flags), eager and with
-    ``compile=True``, and untrained 40-unit nets with ``compile=True``."""
+    """SGHMC (also estimating the gradient noise's variance); the shipped MNIST samplers as
+    loaded (no flags: the default path), the floor file also eager, with finite differences
+    and with ``compile=True``, the preconditioned file estimating the noise; and untrained
+    40-unit nets with ``compile=True``."""
     lr = 0.007
     eta = (lr / 5000) ** 0.5
 
@@ -186,17 +189,25 @@ def speed_variants() -> dict:
             return NNSGHMC(lr=lr, gamma=gamma, beta_off=1.0, c=1.0, activation=act,
                            q_hidden=(40,), d_hidden=(40,), compile=True)  # fmt: skip
 
+    estimating = load_sampler(PRECONDITIONED)
+    estimating.grad_noise_estimate = True
     variants = {
         "SGHMC": SGHMC(eta=eta, friction=1.0),
-        "mnist_mlp_stiffness_softsign, no flags": load_sampler(SOFTSIGN),
-        "mnist_mlp_stiffness_softsign, eager": load_sampler(SOFTSIGN),
-        "mnist_mlp_stiffness_softsign, compile=True": load_sampler(SOFTSIGN),
+        "SGHMC, noise estimate": SGHMC(eta=eta, friction=1.0, grad_noise_estimate=True),
+        "mnist_mlp (tanh), no flags": load_sampler(SHIPPED),
+        "mnist_mlp_floor_softsign exact, no flags": load_sampler(FLOOR),
+        "mnist_mlp_floor_softsign exact, eager": load_sampler(FLOOR),
+        "mnist_mlp_floor_softsign exact, compile=True": load_sampler(FLOOR),
+        "mnist_mlp_floor_softsign FD, compile=True": load_sampler(
+            FLOOR, gamma="finite_difference"
+        ),
+        "mnist_mlp_positive_preconditioned, noise estimate, no flags": estimating,
         "40-unit softsign exact, compile=True": nets("softsign", "exact"),
         "40-unit softsign FD, compile=True": nets("softsign", "finite_difference"),
-        "40-unit tanh exact, compile=True": nets("tanh", "exact"),
     }
-    variants["mnist_mlp_stiffness_softsign, eager"].use_compile = False
-    variants["mnist_mlp_stiffness_softsign, compile=True"].use_compile = True
+    variants["mnist_mlp_floor_softsign exact, eager"].use_compile = False
+    variants["mnist_mlp_floor_softsign exact, compile=True"].use_compile = True
+    variants["mnist_mlp_floor_softsign FD, compile=True"].use_compile = True
     return variants
 
 
@@ -209,7 +220,7 @@ def check_speed(
         samplers = {
             k.removesuffix(", compile=True"): v
             for k, v in samplers.items()
-            if k.startswith(("SGHMC", "40-unit softsign")) or k.endswith("eager")
+            if k.startswith(("SGHMC", "40-unit softsign")) or k.endswith(("eager", "no flags"))
         }
         for sampler in samplers.values():
             sampler.use_compile = False
