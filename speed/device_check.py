@@ -16,10 +16,14 @@ CI and the test suite run on CPU only; this script is what runs on a machine wit
 3. ``speed``: ms per step and ratio to SGHMC on the 784-40-40-10 MLP of
    ``bench_nnsghmc_overhead.py`` (batch 500; K = 20 and K = 200), interleaved rounds, each
    block ended by a device synchronisation.
+4. ``first-use``: a fresh process with empty compile caches samples that MLP with the shipped
+   floor sampler loaded with no flags (on a GPU: eager steps, and a compile in a background
+   thread once they have taken 30 s) and with SGHMC: seconds to the first step, to 30 steps
+   and to all of them, and ms per step over the last 200.
 
 Usage (on the GPU machine, from the repository root)::
 
-    python speed/device_check.py --device cuda            # all three parts
+    python speed/device_check.py --device cuda            # every part
     python speed/device_check.py --device cpu --quick     # smoke run of the script itself
 """
 
@@ -198,9 +202,7 @@ def speed_variants() -> dict:
         "mnist_mlp_floor_softsign exact, no flags": load_sampler(FLOOR),
         "mnist_mlp_floor_softsign exact, eager": load_sampler(FLOOR),
         "mnist_mlp_floor_softsign exact, compile=True": load_sampler(FLOOR),
-        "mnist_mlp_floor_softsign FD, compile=True": load_sampler(
-            FLOOR, gamma="finite_difference"
-        ),
+        "mnist_mlp_floor_softsign FD, compile=True": load_sampler(FLOOR, gamma="finite_difference"),
         "mnist_mlp_positive_preconditioned, noise estimate, no flags": estimating,
         "40-unit softsign exact, compile=True": nets("softsign", "exact"),
         "40-unit softsign FD, compile=True": nets("softsign", "finite_difference"),
@@ -259,10 +261,64 @@ def check_speed(
         report(f"speed run K = {n_chains} stayed finite", bool(finite), "")
 
 
+FIRST_USE = """
+import sys, time, torch
+sys.path.insert(0, {speed!r})
+t0 = time.perf_counter()
+from bench_nnsghmc_overhead import mlp_target, FLOOR
+from metasampler.export import load_sampler
+from metasampler.samplers import SGHMC
+device = torch.device({device!r})
+sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+target, init = mlp_target((40, 40), 20, device=str(device))
+s = load_sampler(FLOOR).to(device) if sys.argv[1] == "nnsghmc" else SGHMC(lr=0.007, friction=1.0)
+g = torch.Generator(device=device).manual_seed(0)
+marks = []
+with torch.no_grad():
+    state = s.init(init, target, g)
+    sync(); t1 = time.perf_counter()
+    for i in range({steps}):
+        state = s.step(state, target, g)
+        if i + 1 in (1, 30, {steps} - 200, {steps}):
+            sync(); marks.append(time.perf_counter())
+print(f"{{t1 - t0:.2f}} {{marks[0] - t1:.2f}} {{marks[1] - t1:.2f}} {{marks[3] - t1:.2f}} "
+      f"{{(marks[3] - marks[2]) / 200 * 1e3:.2f}}")
+"""
+
+
+def check_first_use(device: torch.device, steps: int) -> None:
+    """A fresh process with empty compile caches, the shipped floor sampler loaded with no
+    flags against SGHMC: seconds to set up, to the first step, to 30 steps and to ``steps``,
+    and ms per step over the last 200 (after any compile)."""
+    import os
+    import subprocess
+    import tempfile
+
+    print(f"\nfirst use on {device}, fresh process, empty caches, 784-40-40-10 MLP, K = 20")
+    print("| sampler | setup s | first step s | 30 steps s | all steps s | last 200: ms/step |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for kind in ("sghmc", "nnsghmc"):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "METASAMPLER_CACHE_DIR": cache}
+            env.pop("METASAMPLER_COMPILE", None)
+            code = FIRST_USE.format(speed=str(ROOT / "speed"), device=str(device), steps=steps)
+            done = subprocess.run(
+                [sys.executable, "-c", code, kind], env=env, capture_output=True, text=True,
+                cwd=ROOT,
+            )  # fmt: skip
+            if done.returncode != 0:
+                report(f"first use {kind}", False, done.stderr.strip().splitlines()[-1])
+                continue
+            figures = done.stdout.split()[-5:]
+            print(f"| {kind} (all {steps} steps) | " + " | ".join(figures) + " |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--parts", nargs="+", default=["paths", "stationarity", "speed"])
+    parser.add_argument(
+        "--parts", nargs="+", default=["paths", "stationarity", "speed", "first-use"]
+    )
     parser.add_argument("--quick", action="store_true", help="few chains, rounds and steps")
     parser.add_argument("--eager", action="store_true", help="speed: no compiled variants")
     parser.add_argument("--chains", type=int, nargs="+", default=None, help="speed: the Ks")
@@ -280,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     if "speed" in args.parts:
         chains = args.chains or ([20] if args.quick else [20, 200])
         check_speed(device, chains, 2 if args.quick else 5, 3 if args.quick else 20, args.eager)
+    if "first-use" in args.parts:
+        check_first_use(device, 300 if args.quick else 2000)
     print(f"\n{len(FAILED)} check(s) failed: {FAILED}" if FAILED else "\nall checks passed")
     return 1 if FAILED else 0
 

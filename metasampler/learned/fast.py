@@ -14,9 +14,11 @@ The step is one pure, element-wise function of the coordinates
   environment variable ``METASAMPLER_COMPILE`` to ``1`` or ``0``.
 * **compiled in process** (``compile=True`` on a GPU, and meta-training's
   ``train.compile_steps``): ``torch.compile`` of the same function in this process; the
-  first step waits for the compile. On a GPU the eager form is the default (after the
-  notice): the ahead-of-time package crashed the process at its first call on CUDA (H200,
-  torch 2.11, ``speed/device_check.py``).
+  first step waits for the compile. The ahead-of-time package crashed the process at its
+  first call on CUDA (H200, torch 2.11, ``speed/device_check.py``), so on a GPU the default
+  is eager steps until they have taken about what the compile costs (30 s), then the same
+  in-process compile in a background thread while eager steps go on
+  (:func:`run_thread_default`): short runs never pay for a compile, long ones switch.
 * **blocks** (sampling, eager): the function on blocks of columns whose ``(H, K, cols)``
   hidden activations stay in cache; same values as one call.
 * **recompute** (``step_path="recompute"``, grad enabled): a
@@ -43,8 +45,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
+import time
 import types
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from typing import Any
 
 import torch
@@ -356,10 +362,72 @@ def _entry(spec: aot.KernelSpec) -> Callable:
     return types.FunctionType(code, entry.__globals__, entry.__name__, None, entry.__closure__)
 
 
+# -- compiled in a background thread (a GPU) ---------------------------------------------------
+# A GPU cannot use the ahead-of-time package (it crashed the process at its first call on CUDA),
+# so a daemon thread compiles the step in this process and steps switch to it once it is ready
+# (a daemon, so that a script that ends first does not wait for the compiler). The thread holds
+# the GIL most of the time: on an H200 (cold caches) the compile took ~35 s, during which eager
+# steps crawled (30 steps in 13 s), and the compiled step then saved ~2 ms a step on the
+# 784-40-40-10 MLP (K = 20): it pays only after ~16,000 steps (speed/device_check.py,
+# BENCHMARKS.md). So the thread starts only once a configuration's eager steps have taken
+# `_THREAD_AFTER_SECONDS` (about what the compile costs: a run never loses more than about
+# twice what the better choice in hindsight would have cost, the ski-rental rule).
+_THREAD_DEVICES = frozenset({"cuda"})
+_THREAD_AFTER_SECONDS = 30.0
+_WARMING: dict[aot.KernelSpec, Future] = {}
+_EAGER_SECONDS: dict[aot.KernelSpec, float] = {}
+
+
+def _warm_up(spec: aot.KernelSpec, flat: list[Tensor], done: Future) -> None:
+    try:
+        with torch.no_grad():  # (the grad mode the steps call it in: no recompile then)
+            _compiled(spec)(*flat)
+        if flat[0].is_cuda:
+            torch.cuda.synchronize(flat[0].device)
+        done.set_result(None)
+    except BaseException as exc:  # noqa: BLE001 (reported by the step that finds it)
+        done.set_exception(exc)
+
+
+def run_thread_default(args: StepArgs) -> tuple:
+    """The default step where a thread compiles (``_THREAD_DEVICES``): eager steps, timed per
+    configuration, until they have taken ``_THREAD_AFTER_SECONDS``; then a background thread
+    compiles the step (on copies of this step's inputs) while eager steps go on, and the
+    compiled step runs once it is ready. A failed compile gives a one-line notice."""
+    spec = aot.KernelSpec.of(args)
+    done = _WARMING.get(spec)
+    if done is not None and done.done() and not _warming_up() and done.exception() is None:
+        with torch.no_grad():
+            return run_compiled_in_process(args)
+    if done is not None and done.done() and done.exception() is not None:
+        _notice(f"its compile failed: {type(done.exception()).__name__}: {done.exception()}")
+    if done is None and _EAGER_SECONDS.get(spec, 0.0) >= _THREAD_AFTER_SECONDS:
+        done = _WARMING[spec] = Future()
+        flat = [x.detach().clone() for x in aot.flat_inputs(args, spec)]
+        threading.Thread(target=_warm_up, args=(spec, flat, done), daemon=True).start()
+        print(
+            "metasampler: compiling the NNSGHMC step in a background thread (a long run: its "
+            "eager steps took more than the compile will; they go on meanwhile)",
+            file=sys.stderr,
+        )
+    start = time.perf_counter()
+    out = run_blocks(args)
+    _EAGER_SECONDS[spec] = _EAGER_SECONDS.get(spec, 0.0) + time.perf_counter() - start
+    return out
+
+
+def _warming_up() -> bool:
+    """Whether a background thread is compiling: dynamo's tracing state is global, and a
+    compiled function called meanwhile in another thread fails ("FX to symbolically trace a
+    dynamo-optimized function": H200, torch 2.11), so none is called until it is done."""
+    return not all(done.done() for done in _WARMING.values())
+
+
 def wait_for_compiles(timeout: float | None = None) -> None:
     """Block until every background build of a compiled step has finished (benchmarks,
     tests)."""
     aot.wait_for_builds(timeout)
+    futures_wait(list(_WARMING.values()), timeout)
 
 
 _NOTICE_GIVEN = False
@@ -393,6 +461,9 @@ def run(args: StepArgs, sampler: Any) -> tuple:
     # The first finite-difference step (no history) is not worth a compile of its own.
     first_fd = args.cfg.gamma == "finite_difference" and args.cache is None
     reason = compile_unavailable(args.p.device)
+    by_default = path == "auto" and use is None
+    if by_default and not recording and reason is None and args.p.device.type in _THREAD_DEVICES:
+        return run_blocks(args) if first_fd else run_thread_default(args)
     if recording or args.p.device.type != "cpu":
         # Compiled in this process, only when asked, as the compile takes minutes: for
         # meta-training (`compile=True`, train.compile_steps; measured in eager mode, the
@@ -400,16 +471,17 @@ def run(args: StepArgs, sampler: Any) -> tuple:
         # default is plain) and for sampling on a GPU, where the ahead-of-time package
         # crashed the process at its first call (H200, torch 2.11; speed/device_check.py).
         if asked and reason is None and not first_fd:
+            futures_wait(list(_WARMING.values()))  # (no compiled call while one compiles)
             if recording and _recomputing_pays(args):
                 return run_compiled_training(args)
             return run_compiled_in_process(args)
         if recording:
             return nnsghmc_update(*args)
-        reason = reason or "on a GPU the step is compiled in this process: pass compile=True"
-    elif reason is None and (asked or (path == "auto" and use is None)):
+        reason = reason or f"no compiled step on {args.p.device.type!r}"
+    elif reason is None and (asked or by_default):
         out = aot.run(args, wait=asked)
         if out is not None:
             return out
-    if reason and use is None and path == "auto":
+    if reason and by_default:
         _notice(reason)
     return run_blocks(args)

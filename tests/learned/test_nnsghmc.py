@@ -641,15 +641,18 @@ def test_compiled_training_configurations_do_not_share_a_recompile_budget(monkey
 
     if fast.compile_unavailable(torch.device("cpu")):
         pytest.skip("no compiler for the compiled step")
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     monkeypatch.setattr(fast, "_IN_PROCESS", {})
     target = SplitPriorTarget()
     init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    for hidden in ((2,), (3,)):
-        sampler = path_sampler(hidden, "exact", eta=0.05, beta_off=0.5, c=0.1).double()
-        state = run_path(sampler, "compiled", target, init, n_steps=2, grad=True)
-        (state.theta**2).mean().backward()
+    # (config.patch, not monkeypatch: monkeypatch's undo left dynamo's config without the
+    # entry, and every later compile in the process failed)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for hidden in ((2,), (3,)):
+            sampler = path_sampler(hidden, "exact", eta=0.05, beta_off=0.5, c=0.1).double()
+            state = run_path(sampler, "compiled", target, init, n_steps=2, grad=True)
+            (state.theta**2).mean().backward()
     assert len(fast._IN_PROCESS) == 2
+    assert torch._dynamo.config.recompile_limit == 8  # (restored)
 
 
 @pytest.mark.slow
@@ -814,10 +817,11 @@ def test_without_a_compiler_the_eager_step_runs_after_a_notice(monkeypatch, caps
 
 
 @pytest.mark.parametrize("compile", [None, True, False])
-def test_a_gpu_compiles_in_process_only_when_asked(compile, monkeypatch, capsys):
+def test_a_gpu_compiles_in_process_in_a_thread_by_default(compile, monkeypatch):
     # On CUDA the ahead-of-time package crashed the process at its first call (H200, torch
-    # 2.11, speed/device_check.py): off the CPU no package is built; the eager step runs
-    # (after a notice when nothing was asked) unless compile=True compiles in this process.
+    # 2.11, speed/device_check.py): off the CPU no package is built. By default a thread
+    # compiles the step in this process while eager steps run; compile=True compiles in this
+    # process and waits; compile=False stays eager.
     from types import SimpleNamespace
 
     from metasampler.learned import aot, fast
@@ -825,19 +829,139 @@ def test_a_gpu_compiles_in_process_only_when_asked(compile, monkeypatch, capsys)
 
     ran = []
     monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
-    monkeypatch.setattr(fast, "_NOTICE_GIVEN", False)
+    monkeypatch.setattr(fast, "_THREAD_DEVICES", frozenset({"meta"}))  # (stands in for cuda)
     monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
     monkeypatch.setattr(fast, "run_blocks", lambda args: ran.append("eager"))
     monkeypatch.setattr(fast, "run_compiled_in_process", lambda args: ran.append("compiled"))
+    monkeypatch.setattr(fast, "run_thread_default", lambda args: ran.append("thread"))
     monkeypatch.setattr(aot, "run", lambda *a, **k: pytest.fail("built a package off the CPU"))
     cfg = StepConfig("tanh", "softplus", "exact", per_step=False, clamp_d=False, detach=True)
     net = (((torch.ones(2, 2), torch.ones(2)),), (torch.ones(2), torch.ones(())))
     x = torch.zeros(3, 4, device="meta")  # (a device that is not the CPU)
     args = StepArgs(x, x, x, None, x, None, None, net, net, {}, cfg)
-    fast.run(args, SimpleNamespace(step_path="auto", use_compile=compile))
-    assert ran == ["compiled" if compile else "eager"]
-    notice = "NNSGHMC runs its eager step (on a GPU the step is compiled in this process"
-    assert capsys.readouterr().err.count(notice) == (compile is None)
+    sampler = SimpleNamespace(step_path="auto", use_compile=compile)
+    for _ in range(2):
+        fast.run(args, sampler)
+    assert ran == {None: ["thread"] * 2, True: ["compiled"] * 2, False: ["eager"] * 2}[compile]
+
+
+def test_the_thread_compiles_only_once_eager_steps_took_what_the_compile_costs(monkeypatch):
+    # Ski rental: the thread starts when a configuration's eager steps have taken
+    # _THREAD_AFTER_SECONDS (a fake clock: each eager step takes 1 s); compiled steps follow
+    # once it is done (the "compile" here is instant and the compiled step the plain one).
+    from types import SimpleNamespace
+
+    from metasampler.learned import fast
+    from metasampler.learned.equations import nnsghmc_update
+
+    ran, clock = [], iter(range(1000))
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
+    monkeypatch.setattr(fast, "_THREAD_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(fast, "_THREAD_AFTER_SECONDS", 2.5)
+    for name in ("_WARMING", "_EAGER_SECONDS"):
+        monkeypatch.setattr(fast, name, {})
+    monkeypatch.setattr(fast, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(fast, "_warm_up", lambda spec, flat, done: done.set_result(None))
+    eager, plain = fast.run_blocks, nnsghmc_update
+    monkeypatch.setattr(fast, "run_blocks", lambda a: ran.append("eager") or eager(a))
+    monkeypatch.setattr(fast, "run_compiled_in_process", lambda a: ran.append("c") or plain(*a))
+    target, _ = quadratic_target()
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, q_momentum_input=True)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        state = sampler.init(init, target, gen)
+        for step in range(6):
+            state = sampler.step(state, target, gen)
+            assert len(fast._WARMING) == (step >= 3)  # started by the 4th step (3 s > 2.5 s)
+            fast.wait_for_compiles()
+    assert ran == ["eager"] * 4 + ["c"] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
+def test_the_thread_compiled_step_takes_over_from_eager_steps_and_agrees(gamma, monkeypatch):
+    # The GPU's default, run on the CPU: the first step starts the compile in a thread and
+    # runs eagerly; once compiled, the steps run the compiled function (a spy counts its
+    # calls), and the trajectory equals the eager one to float rounding.
+    from metasampler.learned import fast
+
+    if fast.compile_unavailable(torch.device("cpu")):
+        pytest.skip("no compiler for the compiled step")
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast, "_THREAD_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(fast, "_THREAD_AFTER_SECONDS", 0.0)  # (the thread starts at once)
+    for name in ("_WARMING", "_EAGER_SECONDS", "_IN_PROCESS"):
+        monkeypatch.setattr(fast, name, {})
+    calls = []
+    compiled = fast.run_compiled_in_process
+    monkeypatch.setattr(fast, "run_compiled_in_process", lambda a: calls.append(1) or compiled(a))
+    target, _ = quadratic_target()
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    kwargs = dict(eta=0.03, beta_off=1.0, c=0.2, q_momentum_input=True)
+    sampler, reference = path_sampler((4,), gamma, **kwargs), path_sampler((4,), gamma, **kwargs)
+    reference.use_compile = False
+    gen, ref_gen = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        state = sampler.init(init.clone(), target, gen)
+        expected = reference.init(init.clone(), target, ref_gen)
+        while not fast._WARMING:  # (finite differences: not at the first step, no history)
+            state = sampler.step(state, target, gen)
+            expected = reference.step(expected, target, ref_gen)
+        assert calls == []  # the step that started the compile ran eagerly
+        fast.wait_for_compiles()
+        for _ in range(5):
+            state = sampler.step(state, target, gen)
+            expected = reference.step(expected, target, ref_gen)
+    assert len(calls) == 5  # every step after the compile finished
+    torch.testing.assert_close(state.theta, expected.theta, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(state.momentum, expected.momentum, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_no_compiled_function_is_called_while_a_thread_compiles(monkeypatch):
+    # dynamo's tracing state is global: on an H200 a compiled step called while the thread
+    # compiled another configuration failed ("FX to symbolically trace a dynamo-optimized
+    # function") and the process aborted. A step asked to be compiled waits for the thread.
+    import threading
+
+    from metasampler.learned import fast
+
+    if fast.compile_unavailable(torch.device("cpu")):
+        pytest.skip("no compiler for the compiled step")
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast, "_THREAD_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(fast, "_THREAD_AFTER_SECONDS", 0.0)  # (the thread starts at once)
+    for name in ("_WARMING", "_EAGER_SECONDS", "_IN_PROCESS"):
+        monkeypatch.setattr(fast, name, {})
+    compiled, asking = fast._compiled, threading.Event()
+
+    def guarded(spec):  # a compiled function that checks no thread compiles when this one runs
+        fn = compiled(spec)
+
+        def call(*flat):
+            if threading.current_thread() is threading.main_thread():
+                assert not fast._warming_up(), "a compiled function ran while a thread compiled"
+            else:  # the thread's compile is held until the main thread asks for a compiled step
+                asking.wait(timeout=5)
+            return fn(*flat)
+
+        return call
+
+    monkeypatch.setattr(fast, "_compiled", guarded)
+    target, _ = quadratic_target()
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    kwargs = dict(eta=0.03, beta_off=1.0, c=0.2, q_momentum_input=True)
+    warming = path_sampler((4,), "exact", **kwargs)  # no flags: compiles in a thread
+    run_path(warming, "auto", target, init, n_steps=1)
+    assert fast._warming_up()
+    asked = path_sampler((3,), "exact", **kwargs)  # another configuration, compiled here
+    asking.set()
+    got = run_path(asked, "compiled", target, init, n_steps=3, grad=True)
+    expected = run_path(asked, "plain", target, init, n_steps=3, grad=True)
+    torch.testing.assert_close(got.theta, expected.theta, atol=1e-4, rtol=1e-4)
+    assert not fast._warming_up() and len(fast._IN_PROCESS) == 2
 
 
 # -- d_clamp, grad_input, friction_units (issue #11 item 2) --------------------------------------
