@@ -879,12 +879,10 @@ def test_the_thread_compiles_only_once_eager_steps_took_what_the_compile_costs(m
     assert ran == ["eager"] * 4 + ["c"] * 2
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
-def test_the_thread_compiled_step_takes_over_from_eager_steps_and_agrees(gamma, monkeypatch):
-    # The GPU's default, run on the CPU: the first step starts the compile in a thread and
-    # runs eagerly; once compiled, the steps run the compiled function (a spy counts its
-    # calls), and the trajectory equals the eager one to float rounding.
+@pytest.fixture
+def thread_compiling(monkeypatch):
+    """The GPU's default on the CPU: a thread compiles the step in this process, from the first
+    step on; returns :mod:`metasampler.learned.fast`."""
     from metasampler.learned import fast
 
     if fast.compile_unavailable(torch.device("cpu")):
@@ -894,6 +892,18 @@ def test_the_thread_compiled_step_takes_over_from_eager_steps_and_agrees(gamma, 
     monkeypatch.setattr(fast, "_THREAD_AFTER_SECONDS", 0.0)  # (the thread starts at once)
     for name in ("_WARMING", "_EAGER_SECONDS", "_IN_PROCESS"):
         monkeypatch.setattr(fast, name, {})
+    return fast
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
+def test_the_thread_compiled_step_takes_over_from_eager_steps_and_agrees(
+    gamma, thread_compiling, monkeypatch
+):
+    # The GPU's default, run on the CPU: the first step starts the compile in a thread and
+    # runs eagerly; once compiled, the steps run the compiled function (a spy counts its
+    # calls), and the trajectory equals the eager one to float rounding.
+    fast = thread_compiling
     calls = []
     compiled = fast.run_compiled_in_process
     monkeypatch.setattr(fast, "run_compiled_in_process", lambda a: calls.append(1) or compiled(a))
@@ -920,21 +930,13 @@ def test_the_thread_compiled_step_takes_over_from_eager_steps_and_agrees(gamma, 
 
 
 @pytest.mark.slow
-def test_no_compiled_function_is_called_while_a_thread_compiles(monkeypatch):
+def test_no_compiled_function_is_called_while_a_thread_compiles(thread_compiling, monkeypatch):
     # dynamo's tracing state is global: on an H200 a compiled step called while the thread
     # compiled another configuration failed ("FX to symbolically trace a dynamo-optimized
     # function") and the process aborted. A step asked to be compiled waits for the thread.
     import threading
 
-    from metasampler.learned import fast
-
-    if fast.compile_unavailable(torch.device("cpu")):
-        pytest.skip("no compiler for the compiled step")
-    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
-    monkeypatch.setattr(fast, "_THREAD_DEVICES", frozenset({"cpu"}))
-    monkeypatch.setattr(fast, "_THREAD_AFTER_SECONDS", 0.0)  # (the thread starts at once)
-    for name in ("_WARMING", "_EAGER_SECONDS", "_IN_PROCESS"):
-        monkeypatch.setattr(fast, name, {})
+    fast = thread_compiling
     compiled, asking = fast._compiled, threading.Event()
 
     def guarded(spec):  # a compiled function that checks no thread compiles when this one runs
