@@ -1,0 +1,62 @@
+"""Per-step cost of the NNSGHMC step by the nets' hidden activation, against SGHMC.
+
+Untrained 10-unit nets of the shipped floor sampler's layout (curl ``Q_f(U, p_i)``, friction
+floor ``c = 0.08``), compiled (the default path on a CPU), exact and finite-difference Gamma,
+on the 784-40-40-10 MLP of ``bench_nnsghmc_overhead.py`` (K = 20, batch 500, one thread);
+ratios are medians of per-round ratios to SGHMC in the same interleaved rounds.
+
+Usage::
+
+    python speed/bench_activations.py --activations relu softsign tanh --repeats 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_nnsghmc_overhead import mlp_target, time_sampling  # noqa: E402
+
+from metasampler.learned import NNSGHMC  # noqa: E402
+from metasampler.learned.nets import ACTIVATIONS  # noqa: E402
+from metasampler.samplers import SGHMC  # noqa: E402
+
+
+def variants(activations: list[str], lr: float = 0.007) -> dict:
+    samplers = {"SGHMC": SGHMC(lr=lr, friction=1.0)}
+    for act in activations:
+        for gamma in ("exact", "finite_difference"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                samplers[f"{act} {gamma}"] = NNSGHMC(
+                    lr=lr, gamma=gamma, beta_off=1.0, c=0.08, activation=act,
+                    q_hidden=(10,), d_hidden=(10,), q_momentum_input=True,
+                )  # fmt: skip
+    return samplers
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--activations", nargs="+", default=["relu", "softsign", "tanh"],
+                        choices=ACTIVATIONS)  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=6)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    target, init = mlp_target((40, 40), 20)
+    times = time_sampling(target, variants(args.activations), init, 10, 3, args.repeats)
+    ref = times["SGHMC"]
+    print("| variant | ms/step | ratio to SGHMC |\n|---|---:|---:|")
+    for name, t in times.items():
+        ratio = statistics.median(a / b for a, b in zip(t, ref, strict=True))
+        print(f"| {name} | {statistics.median(t):.2f} | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
