@@ -220,15 +220,15 @@ def compile_unavailable(device: torch.device) -> str | None:
 _IN_PROCESS: dict[aot.KernelSpec, Callable] = {}
 
 
-def run_compiled_in_process(args: StepArgs) -> tuple:
+def run_compiled_in_process(args: StepArgs, spec: aot.KernelSpec | None = None) -> tuple:
     """:func:`nnsghmc_update` through ``torch.compile`` in this process: with autograd
     recording (meta-training where :func:`_recomputing_pays` says no) inductor fuses the
     forward and the backward of the step into loops over the coordinates; under
     ``torch.no_grad()`` (sampling on a GPU, where the ahead-of-time package is not used, and
     the forward of compiled training) the nets' units are unrolled into one fused kernel.
     Shapes are static (they do not change during a run); the first call waits for the
-    compile (minutes: ``BENCHMARKS.md``)."""
-    spec = aot.KernelSpec.of(args)
+    compile (minutes: ``BENCHMARKS.md``). ``spec``: ``args``'s, where the caller has it."""
+    spec = spec or aot.KernelSpec.of(args)
     return aot.call_flat(_compiled(spec), args, spec)
 
 
@@ -374,8 +374,10 @@ def _entry(spec: aot.KernelSpec) -> Callable:
 # twice what the better choice in hindsight would have cost, the ski-rental rule).
 _THREAD_DEVICES = frozenset({"cuda"})
 _THREAD_AFTER_SECONDS = 30.0
-_WARMING: dict[aot.KernelSpec, Future] = {}
-_EAGER_SECONDS: dict[aot.KernelSpec, float] = {}
+# Keyed by configuration and chains' shape: the in-process compile specialises the shape
+# (another K, e.g. a benchmark's tuning runs and its evaluation, is another compile).
+_WARMING: dict[tuple, Future] = {}
+_EAGER_SECONDS: dict[tuple, float] = {}
 
 
 def _warm_up(spec: aot.KernelSpec, flat: list[Tensor], done: Future) -> None:
@@ -389,30 +391,37 @@ def _warm_up(spec: aot.KernelSpec, flat: list[Tensor], done: Future) -> None:
         done.set_exception(exc)
 
 
+def _start_thread(key: tuple, spec: aot.KernelSpec, args: StepArgs) -> None:
+    done = _WARMING[key] = Future()
+    flat = [x.detach().clone() for x in aot.flat_inputs(args, spec)]
+    threading.Thread(target=_warm_up, args=(spec, flat, done), daemon=True).start()
+    print(
+        "metasampler: compiling the NNSGHMC step in a background thread (a long run: its "
+        "eager steps took more than the compile will; they go on meanwhile)",
+        file=sys.stderr,
+    )
+
+
 def run_thread_default(args: StepArgs) -> tuple:
     """The default step where a thread compiles (``_THREAD_DEVICES``): eager steps, timed per
-    configuration, until they have taken ``_THREAD_AFTER_SECONDS``; then a background thread
-    compiles the step (on copies of this step's inputs) while eager steps go on, and the
-    compiled step runs once it is ready. A failed compile gives a one-line notice."""
+    configuration and shape, until they have taken ``_THREAD_AFTER_SECONDS``; then a
+    background thread compiles the step (on copies of this step's inputs) while eager steps
+    go on, and the compiled step runs once it is ready. A failed compile gives a one-line
+    notice."""
     spec = aot.KernelSpec.of(args)
-    done = _WARMING.get(spec)
-    if done is not None and done.done() and not _warming_up() and done.exception() is None:
-        with torch.no_grad():
-            return run_compiled_in_process(args)
-    if done is not None and done.done() and done.exception() is not None:
+    key = (spec, tuple(args.p.shape))
+    done = _WARMING.get(key)
+    if done is None:
+        if _EAGER_SECONDS.get(key, 0.0) >= _THREAD_AFTER_SECONDS:
+            _start_thread(key, spec, args)
+    elif done.done() and done.exception() is not None:
         _notice(f"its compile failed: {type(done.exception()).__name__}: {done.exception()}")
-    if done is None and _EAGER_SECONDS.get(spec, 0.0) >= _THREAD_AFTER_SECONDS:
-        done = _WARMING[spec] = Future()
-        flat = [x.detach().clone() for x in aot.flat_inputs(args, spec)]
-        threading.Thread(target=_warm_up, args=(spec, flat, done), daemon=True).start()
-        print(
-            "metasampler: compiling the NNSGHMC step in a background thread (a long run: its "
-            "eager steps took more than the compile will; they go on meanwhile)",
-            file=sys.stderr,
-        )
+    elif not _warming_up():  # (this configuration's compile and every other one done)
+        with torch.no_grad():
+            return run_compiled_in_process(args, spec)
     start = time.perf_counter()
     out = run_blocks(args)
-    _EAGER_SECONDS[spec] = _EAGER_SECONDS.get(spec, 0.0) + time.perf_counter() - start
+    _EAGER_SECONDS[key] = _EAGER_SECONDS.get(key, 0.0) + time.perf_counter() - start
     return out
 
 
@@ -477,7 +486,6 @@ def run(args: StepArgs, sampler: Any) -> tuple:
             return run_compiled_in_process(args)
         if recording:
             return nnsghmc_update(*args)
-        reason = reason or f"no compiled step on {args.p.device.type!r}"
     elif reason is None and (asked or by_default):
         out = aot.run(args, wait=asked)
         if out is not None:

@@ -832,7 +832,7 @@ def test_a_gpu_compiles_in_process_in_a_thread_by_default(compile, monkeypatch):
     monkeypatch.setattr(fast, "_THREAD_DEVICES", frozenset({"meta"}))  # (stands in for cuda)
     monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
     monkeypatch.setattr(fast, "run_blocks", lambda args: ran.append("eager"))
-    monkeypatch.setattr(fast, "run_compiled_in_process", lambda args: ran.append("compiled"))
+    monkeypatch.setattr(fast, "run_compiled_in_process", lambda *a: ran.append("compiled"))
     monkeypatch.setattr(fast, "run_thread_default", lambda args: ran.append("thread"))
     monkeypatch.setattr(aot, "run", lambda *a, **k: pytest.fail("built a package off the CPU"))
     cfg = StepConfig("tanh", "softplus", "exact", per_step=False, clamp_d=False, detach=True)
@@ -865,7 +865,7 @@ def test_the_thread_compiles_only_once_eager_steps_took_what_the_compile_costs(m
     monkeypatch.setattr(fast, "_warm_up", lambda spec, flat, done: done.set_result(None))
     eager, plain = fast.run_blocks, nnsghmc_update
     monkeypatch.setattr(fast, "run_blocks", lambda a: ran.append("eager") or eager(a))
-    monkeypatch.setattr(fast, "run_compiled_in_process", lambda a: ran.append("c") or plain(*a))
+    monkeypatch.setattr(fast, "run_compiled_in_process", lambda a, *_: ran.append("c") or plain(*a))
     target, _ = quadratic_target()
     init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
     sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, q_momentum_input=True)
@@ -876,7 +876,11 @@ def test_the_thread_compiles_only_once_eager_steps_took_what_the_compile_costs(m
             state = sampler.step(state, target, gen)
             assert len(fast._WARMING) == (step >= 3)  # started by the 4th step (3 s > 2.5 s)
             fast.wait_for_compiles()
-    assert ran == ["eager"] * 4 + ["c"] * 2
+        assert ran == ["eager"] * 4 + ["c"] * 2
+        # other chains' shape: another compile, so eager steps (timed afresh) again
+        more = sampler.init(torch.cat([init, init[:2]]), target, gen)
+        sampler.step(more, target, gen)
+    assert ran[-1] == "eager" and len(fast._WARMING) == 1
 
 
 @pytest.fixture
@@ -906,7 +910,7 @@ def test_the_thread_compiled_step_takes_over_from_eager_steps_and_agrees(
     fast = thread_compiling
     calls = []
     compiled = fast.run_compiled_in_process
-    monkeypatch.setattr(fast, "run_compiled_in_process", lambda a: calls.append(1) or compiled(a))
+    monkeypatch.setattr(fast, "run_compiled_in_process", lambda *a: calls.append(1) or compiled(*a))
     target, _ = quadratic_target()
     init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
     kwargs = dict(eta=0.03, beta_off=1.0, c=0.2, q_momentum_input=True)
