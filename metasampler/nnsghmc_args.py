@@ -81,6 +81,7 @@ Activation = _choices(
     "sigmoid",
     "softplus",
     "softsign",
+    "quadsat",
 )
 DOutput = _choices(
     "DOutput", "Output transform of ``f_phiD`` (both keep it >= 0).", "softplus", "abs"

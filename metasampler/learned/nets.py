@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 __all__ = ["CoordinateMLP", "coordinate_mlp", "NetParams", "ACTIVATIONS", "OUTPUTS"]
 
-ACTIVATIONS = ("tanh", "relu", "sigmoid", "softplus", "softsign")
+ACTIVATIONS = ("tanh", "relu", "sigmoid", "softplus", "softsign", "quadsat")
 OUTPUTS = ("identity", "softplus", "abs")
 #: ``(((W_1, b_1), ..., (W_L, b_L)), (w_out, b_out))``: hidden layers, then the head's weight
 #: row ``(H_L,)`` and scalar bias.
@@ -91,6 +91,10 @@ def _activate(name: str, a: Tensor, slope: bool) -> tuple[Tensor, Tensor | None]
     if name == "softsign":  # a / (1 + |a|): tanh's shape from one division (#12)
         r = torch.reciprocal(a.abs() + 1.0)  # (1 / x compiles to a reciprocal times 1)
         return a * r, r * r if slope else None
+    if name == "quadsat":  # c (1 - |c| / 4), c = clamp(a, -2, 2): bounded, C1, no division
+        c = a.clamp(-2.0, 2.0)
+        m = c.abs()
+        return c * (1.0 - 0.25 * m), (1.0 - 0.5 * m) if slope else None
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
 
 

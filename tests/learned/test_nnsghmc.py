@@ -213,7 +213,8 @@ def split_prior_sampler(**kwargs) -> NNSGHMC:
      ((8,), True, True, "tanh", "identity"), ((8, 6), True, False, "softsign", "identity"),
      ((8,), True, True, "softsign", "identity"), ((8,), True, False, "sigmoid", "identity"),
      ((8,), True, False, "softplus", "identity"), ((8,), True, False, "softsign", "softplus"),
-     ((8, 6), True, True, "tanh", "softplus")],
+     ((8, 6), True, True, "tanh", "softplus"), ((8,), True, False, "quadsat", "identity"),
+     ((8, 6), True, False, "quadsat", "softplus")],
 )  # fmt: skip
 def test_exact_gamma_equals_brute_force_jacobian(
     hidden, q_momentum_input, q_stiffness_input, activation, q_output
@@ -309,6 +310,23 @@ def gamma_error(gamma_mode_step: float) -> float:
         ).theta[-1]
     gamma_effect = (results["exact"] - results["none"]).abs().mean()
     return float((results["finite_difference"] - results["exact"]).abs().mean() / gamma_effect)
+
+
+def test_quadsat_units_saturate_with_a_continuous_slope():
+    # quadsat is bounded like tanh (a unit cannot extrapolate, which ReLU nets did on a larger
+    # test network: docs/RESULTS.md), C1 (exact Gamma needs its slope) and division-free.
+    from metasampler.learned.nets import coordinate_mlp
+
+    one, zero = torch.ones(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    one_unit = (((one.reshape(1, 1), zero),), (one, zero[0]))  # the unit itself: y = act(x)
+    x = torch.linspace(-6.0, 6.0, 4801, dtype=torch.float64, requires_grad=True)
+    y, (slope,) = coordinate_mlp(one_unit, [x], "quadsat", "identity", (0,))
+    (autograd_slope,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(slope, autograd_slope)
+    assert y.abs().max() <= 1.0 and bool((y[x.abs() >= 2] == torch.sign(x[x.abs() >= 2])).all())
+    assert slope.diff().abs().max() < 1e-2  # no jump, at the saturation points either
+    torch.testing.assert_close(y, -y.flip(0))  # odd, slope 1 at 0: tanh's shape
+    assert slope[2400].item() == pytest.approx(1.0)
 
 
 def test_finite_difference_gamma_approaches_exact_gamma():
@@ -505,6 +523,7 @@ CURL_INPUTS = {
     ),
     # not a curl input: the cheap hidden activation (#12), through the same paths
     "momentum+softsign": dict(q_momentum_input=True, activation="softsign"),
+    "momentum+quadsat": dict(q_momentum_input=True, activation="quadsat"),
     # the sign-definite curl (q_output="softplus"), as the floor recipe trains it
     "momentum+positive": dict(q_momentum_input=True, activation="softsign", q_output="softplus"),
     # the nets' momentum input clamped where |p_hat| is large (about half the coordinates)
