@@ -5,9 +5,13 @@ floor ``c = 0.08``), compiled (the default path on a CPU), exact and finite-diff
 on the 784-40-40-10 MLP of ``bench_nnsghmc_overhead.py`` (K = 20, batch 500, one thread);
 ratios are medians of per-round ratios to SGHMC in the same interleaved rounds.
 
+``--kernel`` times the compiled step function alone as well: the inputs of one step of each
+sampler are captured and the compiled step is replayed on them in interleaved rounds, without
+the MLP's gradient, the noise draw or the rest of a step, which every activation shares.
+
 Usage::
 
-    python speed/bench_activations.py --activations relu softsign tanh --repeats 6
+    python speed/bench_activations.py --activations relu softsign tanh --repeats 6 [--kernel]
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -24,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_nnsghmc_overhead import mlp_target, time_sampling  # noqa: E402
 
-from metasampler.learned import NNSGHMC  # noqa: E402
+from metasampler.learned import NNSGHMC, aot  # noqa: E402
+from metasampler.learned import nnsghmc as nnsghmc_module  # noqa: E402
 from metasampler.learned.nets import ACTIVATIONS  # noqa: E402
 from metasampler.samplers import SGHMC  # noqa: E402
 
@@ -42,20 +48,53 @@ def variants(activations: list[str], lr: float = 0.007) -> dict:
     return samplers
 
 
+def kernel_times(target, samplers: dict, init, calls: int, repeats: int) -> dict:
+    """ms per call of each NNSGHMC sampler's compiled step, replayed on captured inputs."""
+    captured = {}
+    run_step = nnsghmc_module.run_step
+
+    def capture(args, sampler):  # the step's inputs, as NNSGHMC passes them
+        captured[id(sampler)] = args
+        return run_step(args, sampler)
+
+    nnsghmc_module.run_step = capture
+    try:
+        time_sampling(target, samplers, init, 2, 2, 1)  # (FD needs a history: two steps)
+    finally:
+        nnsghmc_module.run_step = run_step
+    inputs = {name: captured[id(s)] for name, s in samplers.items() if id(s) in captured}
+    times: dict[str, list[float]] = {name: [] for name in inputs}
+    with torch.no_grad():
+        for _ in range(repeats):
+            for name, args in inputs.items():
+                aot.run(args, wait=True)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    aot.run(args, wait=True)
+                times[name].append((time.perf_counter() - t0) / calls * 1e3)
+    return times
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--activations", nargs="+", default=["relu", "softsign", "tanh"],
                         choices=ACTIVATIONS)  # fmt: skip
     parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--kernel", action="store_true", help="also time the compiled step alone")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     target, init = mlp_target((40, 40), 20)
-    times = time_sampling(target, variants(args.activations), init, 10, 3, args.repeats)
+    samplers = variants(args.activations)
+    times = time_sampling(target, samplers, init, 10, 3, args.repeats)
     ref = times["SGHMC"]
     print("| variant | ms/step | ratio to SGHMC |\n|---|---:|---:|")
     for name, t in times.items():
         ratio = statistics.median(a / b for a, b in zip(t, ref, strict=True))
         print(f"| {name} | {statistics.median(t):.2f} | {ratio:.2f}x |")
+    if args.kernel:
+        print("\n| compiled step alone | ms/call |\n|---|---:|")
+        for name, t in kernel_times(target, samplers, init, 10, args.repeats).items():
+            print(f"| {name} | {statistics.median(t):.2f} |")
 
 
 if __name__ == "__main__":
