@@ -7,9 +7,9 @@ CI and the test suite run on CPU only; this script is what runs on a machine wit
 1. ``paths``: 30 noise-free steps (temperature 0) of state-dependent nets on the device, by
    the eager step, the blocked step and the compiled step (ahead of time on a CPU, in
    process on a GPU), against the same steps in float64 on the CPU (one- and two-hidden-layer
-   nets of the default softsign units, exact and finite-difference Gamma, the momentum and
-   stiffness curls); and the meta-gradient of a 5-step unroll through the step compiled with
-   autograd against plain autograd, both on the device in float64.
+   nets of the default softsign units and of quadsat units, exact and finite-difference Gamma,
+   the momentum and stiffness curls); and the meta-gradient of a 5-step unroll through the
+   step compiled with autograd against plain autograd, both on the device in float64.
 2. ``stationarity``: the test suite's check of state-dependent nets on its 5-D Gaussian, with
    20,000 chains on the device: the moments match with exact and finite-difference Gamma, and
    do not without Gamma.
@@ -17,9 +17,10 @@ CI and the test suite run on CPU only; this script is what runs on a machine wit
    ``bench_nnsghmc_overhead.py`` (batch 500; K = 20 and K = 200), interleaved rounds, each
    block ended by a device synchronisation.
 4. ``first-use``: a fresh process with empty compile caches samples that MLP with the shipped
-   floor sampler loaded with no flags (on a GPU: eager steps, and a compile in a background
-   thread once they have taken 30 s) and with SGHMC: seconds to the first step, to 30 steps
-   and to all of them, and ms per step over the last 200.
+   floor sampler loaded with no flags (on a GPU: eager steps while a child process fills the
+   compile's caches, then a compile in a background thread) and with SGHMC: seconds to the
+   first step, to 30 steps and to all of them, and ms per step over the last 200
+   (``--first-use-steps``: the run lengths, each at least 231).
 
 Usage (on the GPU machine, from the repository root)::
 
@@ -59,6 +60,7 @@ PATH_CASES = [
     ((5, 4), "exact", dict(q_momentum_input=True)),
     ((6,), "exact", dict(q_momentum_input=False, q_stiffness_input=True, activation="softsign")),
     ((6,), "finite_difference", dict(q_momentum_input=True, q_output="softplus", speed_limit=4.0)),
+    ((5, 4), "finite_difference", dict(q_momentum_input=True, activation="quadsat")),
 ]
 
 
@@ -273,7 +275,15 @@ sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 target, init = mlp_target((40, 40), 20, device=str(device))
 s = load_sampler(FLOOR).to(device) if sys.argv[1] == "nnsghmc" else SGHMC(lr=0.007, friction=1.0)
 g = torch.Generator(device=device).manual_seed(0)
-marks = []
+marks, switch = [], []
+from metasampler.learned import fast
+from torch._dynamo.utils import counters
+compiled = fast.run_compiled_in_process
+def spy(*a):  # (when the steps switched to the compiled step)
+    if not switch:
+        switch.append((i + 1, time.perf_counter() - t1))
+    return compiled(*a)
+fast.run_compiled_in_process = spy
 with torch.no_grad():
     state = s.init(init, target, g)
     sync(); t1 = time.perf_counter()
@@ -281,6 +291,11 @@ with torch.no_grad():
         state = s.step(state, target, g)
         if i + 1 in (1, 30, {steps} - 200, {steps}):
             sync(); marks.append(time.perf_counter())
+if sys.argv[1] == "nnsghmc":
+    where = "step %d at %.1f s" % switch[0] if switch else "never"
+    print(f"first-use: the in-process compiled step ran from {{where}}; this process's "
+          f"inductor cache hits {{counters['inductor']['fxgraph_cache_hit']}}, misses "
+          f"{{counters['inductor']['fxgraph_cache_miss']}}", file=sys.stderr)
 print(f"{{t1 - t0:.2f}} {{marks[0] - t1:.2f}} {{marks[1] - t1:.2f}} {{marks[3] - t1:.2f}} "
       f"{{(marks[3] - marks[2]) / 200 * 1e3:.2f}}")
 """
@@ -300,6 +315,7 @@ def check_first_use(device: torch.device, steps: int) -> None:
     for kind in ("sghmc", "nnsghmc"):
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "METASAMPLER_CACHE_DIR": cache}
+            env["TRITON_CACHE_DIR"] = cache
             env.pop("METASAMPLER_COMPILE", None)
             code = FIRST_USE.format(speed=str(ROOT / "speed"), device=str(device), steps=steps)
             done = subprocess.run(
@@ -311,6 +327,9 @@ def check_first_use(device: torch.device, steps: int) -> None:
                 continue
             figures = done.stdout.split()[-5:]
             print(f"| {kind} (all {steps} steps) | " + " | ".join(figures) + " |", flush=True)
+            for line in done.stderr.splitlines():  # (the package's notices)
+                if line.startswith(("metasampler:", "first-use:")):
+                    print(f"  {kind} said: {line}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few chains, rounds and steps")
     parser.add_argument("--eager", action="store_true", help="speed: no compiled variants")
     parser.add_argument("--chains", type=int, nargs="+", default=None, help="speed: the Ks")
+    parser.add_argument(
+        "--first-use-steps", type=int, nargs="+", default=None, help="first-use: run lengths"
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
@@ -337,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         chains = args.chains or ([20] if args.quick else [20, 200])
         check_speed(device, chains, 2 if args.quick else 5, 3 if args.quick else 20, args.eager)
     if "first-use" in args.parts:
-        check_first_use(device, 300 if args.quick else 2000)
+        for steps in args.first_use_steps or [300 if args.quick else 2000]:
+            check_first_use(device, steps)
     print(f"\n{len(FAILED)} check(s) failed: {FAILED}" if FAILED else "\nall checks passed")
     return 1 if FAILED else 0
 

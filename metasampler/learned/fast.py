@@ -16,9 +16,11 @@ The step is one pure, element-wise function of the coordinates
   ``train.compile_steps``): ``torch.compile`` of the same function in this process; the
   first step waits for the compile. The ahead-of-time package crashed the process at its
   first call on CUDA (H200, torch 2.11, ``speed/device_check.py``), so on a GPU the default
-  is eager steps until they have taken about what the compile costs (30 s), then the same
-  in-process compile in a background thread while eager steps go on
-  (:func:`run_thread_default`): short runs never pay for a compile, long ones switch.
+  is eager steps while a child process compiles the same function on inputs of the same
+  layout, which fills inductor's caches; then this process compiles it from those caches in
+  a background thread (seconds, not the ~35 s of a cold compile, which holds Python's lock)
+  while eager steps go on (:func:`run_thread_default`): short runs never pay for a compile,
+  long ones switch.
 * **blocks** (sampling, eager): the function on blocks of columns whose ``(H, K, cols)``
   hidden activations stay in cache; same values as one call.
 * **recompute** (``step_path="recompute"``, grad enabled): a
@@ -42,8 +44,10 @@ The step is one pure, element-wise function of the coordinates
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -51,6 +55,7 @@ import types
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -229,7 +234,12 @@ def run_compiled_in_process(args: StepArgs, spec: aot.KernelSpec | None = None) 
     Shapes are static (they do not change during a run); the first call waits for the
     compile (minutes: ``BENCHMARKS.md``). ``spec``: ``args``'s, where the caller has it."""
     spec = spec or aot.KernelSpec.of(args)
-    return aot.call_flat(_compiled(spec), args, spec)
+    compiled = _compiled(spec)
+    if torch.is_grad_enabled():
+        return aot.call_flat(compiled, args, spec)
+    # Sampling: plain tensors, as a thread or a child process compiled it for (dynamo guards on
+    # an input's type, and a net's `Parameter` compiled the step a second time, in this thread).
+    return aot.call_flat(lambda *flat: compiled(*(x.detach() for x in flat)), args, spec)
 
 
 # -- compiled training: the compiled step forward, a compiled vjp backward --------------------
@@ -364,20 +374,62 @@ def _entry(spec: aot.KernelSpec) -> Callable:
 
 # -- compiled in a background thread (a GPU) ---------------------------------------------------
 # A GPU cannot use the ahead-of-time package (it crashed the process at its first call on CUDA),
-# so a daemon thread compiles the step in this process and steps switch to it once it is ready
-# (a daemon, so that a script that ends first does not wait for the compiler). The thread holds
-# the GIL most of the time: on an H200 (cold caches) the compile took ~35 s, during which eager
+# so the step is compiled in this process and steps switch to it once it is ready. A compile
+# holds the GIL most of the time: on an H200 with cold caches it took ~35 s, during which eager
 # steps crawled (30 steps in 13 s), and the compiled step then saved ~2 ms a step on the
-# 784-40-40-10 MLP (K = 20): it pays only after ~16,000 steps (speed/device_check.py,
-# BENCHMARKS.md). So the thread starts only once a configuration's eager steps have taken
-# `_THREAD_AFTER_SECONDS` (about what the compile costs: a run never loses more than about
-# twice what the better choice in hindsight would have cost, the ski-rental rule).
+# 784-40-40-10 MLP (K = 20; speed/device_check.py, BENCHMARKS.md). So a child process, which
+# holds no lock of this one, first compiles the same function on inputs of the same layout,
+# which fills inductor's caches; then a daemon thread compiles it here from those caches (a few
+# seconds; a daemon, so that a script that ends first does not wait for it). The thread starts
+# once the child is done and the configuration's eager steps have taken
+# `_THREAD_AFTER_SECONDS` (about what the compile from warm caches costs, so a run never loses
+# more than about twice what the better choice in hindsight would have cost: ski rental).
 _THREAD_DEVICES = frozenset({"cuda"})
-_THREAD_AFTER_SECONDS = 30.0
+_THREAD_AFTER_SECONDS = 10.0
 # Keyed by configuration and chains' shape: the in-process compile specialises the shape
 # (another K, e.g. a benchmark's tuning runs and its evaluation, is another compile).
+_CHILDREN: dict[tuple, tuple[subprocess.Popen, Path]] = {}
 _WARMING: dict[tuple, Future] = {}
 _EAGER_SECONDS: dict[tuple, float] = {}
+
+
+def _start_child(key: tuple, spec: aot.KernelSpec, args: StepArgs) -> None:
+    flat = aot.flat_inputs(args, spec)
+    layout = [(x.shape, x.stride(), str(x.dtype).removeprefix("torch.")) for x in flat]
+    argv = [spec.to_json(), json.dumps(layout), str(args.p.device)]
+    log = aot.cache_dir() / f"{spec.digest()}-{'x'.join(map(str, args.p.shape))}.warm.log"
+    try:
+        _CHILDREN[key] = aot.start_child("fast.warm_caches", argv, log), log
+    except OSError as err:  # e.g. a read-only cache directory: stay eager
+        _fail(key, f"cannot start its compile in a child process: {err}")
+        return
+    print(
+        "metasampler: compiling the NNSGHMC step in a child process (first use of this "
+        "configuration; eager steps run meanwhile, and switch once it is done)",
+        file=sys.stderr,
+    )
+
+
+def warm_caches(argv: list[str]) -> int:
+    """What the child process runs, ``argv = [SPEC_JSON, LAYOUT_JSON, DEVICE]``: the
+    in-process compile of the step for that spec on inputs of that layout (shape, strides,
+    dtype), called once, so that inductor's caches hold what this process's compile needs."""
+    spec, layout, device = aot.KernelSpec.from_json(argv[0]), json.loads(argv[1]), argv[2]
+    torch.set_num_threads(spec.threads)  # (a CPU's kernels are generated for a thread count)
+    flat = [
+        torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=device)
+        for shape, stride, dtype in layout
+    ]
+    with torch.no_grad():
+        for x in flat:
+            x.uniform_(0.5, 1.5)  # (finite and positive, as the scalars must be)
+        _compiled(spec)(*flat)
+    return 0
+
+
+def _fail(key: tuple, why: str) -> None:
+    done = _WARMING[key] = Future()
+    done.set_exception(RuntimeError(why))
 
 
 def _warm_up(spec: aot.KernelSpec, flat: list[Tensor], done: Future) -> None:
@@ -395,24 +447,33 @@ def _start_thread(key: tuple, spec: aot.KernelSpec, args: StepArgs) -> None:
     done = _WARMING[key] = Future()
     flat = [x.detach().clone() for x in aot.flat_inputs(args, spec)]
     threading.Thread(target=_warm_up, args=(spec, flat, done), daemon=True).start()
-    print(
-        "metasampler: compiling the NNSGHMC step in a background thread (a long run: its "
-        "eager steps took more than the compile will; they go on meanwhile)",
-        file=sys.stderr,
-    )
+
+
+def _child_done(key: tuple) -> bool:
+    """Whether the child process of ``key`` has finished; one that failed fails the key."""
+    child, log = _CHILDREN[key]
+    if child.poll() is None:
+        return False
+    if child.returncode != 0:
+        tail = log.read_text()[-300:].strip() if log.exists() else ""
+        _fail(key, f"in a child process, exit {child.returncode}; {log}: ...{tail}")
+    return True
 
 
 def run_thread_default(args: StepArgs) -> tuple:
     """The default step where a thread compiles (``_THREAD_DEVICES``): eager steps, timed per
-    configuration and shape, until they have taken ``_THREAD_AFTER_SECONDS``; then a
-    background thread compiles the step (on copies of this step's inputs) while eager steps
-    go on, and the compiled step runs once it is ready. A failed compile gives a one-line
-    notice."""
+    configuration and shape, while a child process fills the compile's caches; once it is
+    done and they have taken ``_THREAD_AFTER_SECONDS``, a background thread compiles the step
+    (on copies of this step's inputs) while eager steps go on, and the compiled step runs once
+    it is ready. A failed compile gives a one-line notice."""
     spec = aot.KernelSpec.of(args)
     key = (spec, tuple(args.p.shape))
+    if key not in _CHILDREN and key not in _WARMING:
+        _start_child(key, spec, args)
     done = _WARMING.get(key)
     if done is None:
-        if _EAGER_SECONDS.get(key, 0.0) >= _THREAD_AFTER_SECONDS:
+        warm = _EAGER_SECONDS.get(key, 0.0) >= _THREAD_AFTER_SECONDS
+        if _child_done(key) and key not in _WARMING and warm:
             _start_thread(key, spec, args)
     elif done.done() and done.exception() is not None:
         _notice(f"its compile failed: {type(done.exception()).__name__}: {done.exception()}")
@@ -434,8 +495,10 @@ def _warming_up() -> bool:
 
 def wait_for_compiles(timeout: float | None = None) -> None:
     """Block until every background build of a compiled step has finished (benchmarks,
-    tests)."""
+    tests): packages, child processes filling a compile's caches, compiling threads."""
     aot.wait_for_builds(timeout)
+    for child, _ in list(_CHILDREN.values()):
+        child.wait(timeout)
     futures_wait(list(_WARMING.values()), timeout)
 
 
@@ -492,4 +555,5 @@ def run(args: StepArgs, sampler: Any) -> tuple:
             return out
     if reason and by_default:
         _notice(reason)
-    return run_blocks(args)
+    with aot.leaving_a_core_to_builds():
+        return run_blocks(args)

@@ -150,9 +150,10 @@ class NNSGHMC(nn.Module, Sampler):
                 compiler, the step compiled ahead of time into one fused loop over the
                 coordinates, built in a child process while eager steps run, then used and
                 cached on disk (:mod:`metasampler.learned.aot`); on a GPU (where the
-                package crashed) eager steps, then ``torch.compile`` in a background thread
-                once they have taken about what the compile costs (30 s); elsewhere the
-                eager step, after a one-line notice. ``True``: wait
+                package crashed) eager steps while a child process fills the compile's
+                caches, then ``torch.compile`` from them in a background thread (once the
+                eager steps have taken 10 s); elsewhere the eager step, after a one-line
+                notice. ``True``: wait
                 for the compiled step (a first build takes about a minute; on a GPU,
                 ``torch.compile`` in this process). ``False``: always eager. Not part of the
                 exported sampler: the ``use_compile`` attribute of a loaded one. Meta-training

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -674,24 +675,34 @@ def test_compiled_training_configurations_do_not_share_a_recompile_budget(monkey
     assert torch._dynamo.config.recompile_limit == 8  # (restored)
 
 
+# Each compiled case builds a package (~30 s on 2 cores), so the cases combine the options
+# that can go together: every curl input and option of CURL_INPUTS is in one of them.
+COMPILED_CASES = {
+    "momentum+softsign+clamped+noise estimate": dict(
+        q_momentum_input=True,
+        activation="softsign",
+        momentum_input_clamp=0.8,
+        grad_noise_estimate=True,
+    ),
+    "momentum+positive+speed limit": CURL_INPUTS["momentum+speed limit"],
+    "momentum+quadsat": CURL_INPUTS["momentum+quadsat"],
+    "energy": CURL_INPUTS["energy"],
+    "stiffness+preconditioned": CURL_INPUTS["stiffness+preconditioned"],
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("hidden", "gamma", "curl"),
+    ("hidden", "gamma", "case"),
     [
-        ((4,), "exact", "momentum"),
-        ((4,), "finite_difference", "momentum"),
-        ((3, 3), "exact", "momentum"),
+        ((4,), "exact", "momentum+softsign+clamped+noise estimate"),
+        ((4,), "finite_difference", "momentum+positive+speed limit"),
+        ((3, 3), "exact", "momentum+quadsat"),
         ((4,), "finite_difference", "energy"),
-        ((4,), "exact", "stiffness"),
-        ((4,), "exact", "momentum+softsign"),
         ((4,), "exact", "stiffness+preconditioned"),
-        ((4,), "finite_difference", "momentum+positive"),
-        ((4,), "exact", "momentum+clamped"),
-        ((4,), "finite_difference", "momentum+speed limit"),
-        ((4,), "exact", "momentum+noise estimate"),
     ],
 )
-def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, curl, tmp_path, monkeypatch):
+def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, case, tmp_path, monkeypatch):
     # compile=True runs the same step function compiled ahead of time (AOTInductor, built in
     # a child process); it must give the eager trajectory up to float32 rounding, must not
     # have fallen back, and a later process (here: a cleared registry) loads the cached
@@ -708,7 +719,7 @@ def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, curl, tmp_
     monkeypatch.setattr(aot, "_FAILED", set())
     target = random_gaussian(dim=5).target(0.5)
     init = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
-    kwargs = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, **CURL_INPUTS[curl])
+    kwargs = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, **COMPILED_CASES[case])
     eager = path_sampler(hidden, gamma, compile=False, **kwargs)
     compiled = path_sampler(hidden, gamma, compile=True, **kwargs)
     expected = run_path(eager, "auto", target, init, n_steps=30)
@@ -817,6 +828,39 @@ def test_default_compiles_in_the_background_and_switches_when_ready(monkeypatch)
     torch.testing.assert_close(state.theta, ref.theta)
 
 
+def test_eager_steps_leave_a_core_to_a_running_build(monkeypatch):
+    # The build compiles on one core; this process's OpenMP threads spinning against it made an
+    # eager step 3x slower on 2 cores. While it runs, eager steps use one thread fewer, and the
+    # user's setting comes back after each step; with no build running, it is unchanged.
+    from types import SimpleNamespace
+
+    from metasampler.learned import aot, fast
+
+    threads, running = [], {"build": True}
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
+    build = SimpleNamespace(poll=lambda: None if running["build"] else 0)
+    monkeypatch.setattr(aot, "_BUILDS", {"a package": build})
+    monkeypatch.setattr(aot, "run", lambda args, wait: None)  # (still building)
+    eager = fast.run_blocks
+    monkeypatch.setattr(
+        fast, "run_blocks", lambda a: threads.append(torch.get_num_threads()) or eager(a)
+    )
+    target, _ = quadratic_target()
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        run_path(sampler, "auto", target, init, n_steps=2)
+        assert threads == [2, 2] and torch.get_num_threads() == 3
+        running["build"] = False
+        run_path(sampler, "auto", target, init, n_steps=2)
+        assert threads[2:] == [3, 3] and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_without_a_compiler_the_eager_step_runs_after_a_notice(monkeypatch, capsys):
     from metasampler.learned import aot, fast
 
@@ -864,22 +908,48 @@ def test_a_gpu_compiles_in_process_in_a_thread_by_default(compile, monkeypatch):
     assert ran == {None: ["thread"] * 2, True: ["compiled"] * 2, False: ["eager"] * 2}[compile]
 
 
-def test_the_thread_compiles_only_once_eager_steps_took_what_the_compile_costs(monkeypatch):
-    # Ski rental: the thread starts when a configuration's eager steps have taken
-    # _THREAD_AFTER_SECONDS (a fake clock: each eager step takes 1 s); compiled steps follow
-    # once it is done (the "compile" here is instant and the compiled step the plain one).
+def _finished_child(returncode: int, state: dict | None = None):
+    """A stand-in for a child process, finished with ``returncode`` once ``state["done"]``."""
+    from types import SimpleNamespace
+
+    state = {"done": True} if state is None else state
+    rc = lambda *_: returncode if state["done"] else None  # noqa: E731
+    return SimpleNamespace(poll=rc, wait=rc, returncode=returncode)
+
+
+def _fake_children(monkeypatch, fast, make) -> list:
+    """``fast._start_child`` replaced by one that registers ``make()``; returns the keys."""
+    started = []
+
+    def start(key, spec, args):
+        started.append(key)
+        fast._CHILDREN[key] = make(), Path("child.log")
+
+    monkeypatch.setattr(fast, "_start_child", start)
+    return started
+
+
+def test_the_thread_compiles_once_the_child_is_done_and_eager_steps_took_what_it_costs(
+    monkeypatch,
+):
+    # The first step starts a child process (it fills the compile's caches); a thread compiles
+    # here only once the child is done and the configuration's eager steps have taken
+    # _THREAD_AFTER_SECONDS (ski rental; a fake clock: each eager step takes 1 s); compiled
+    # steps follow once the thread is done (the "compile" here is instant and the compiled
+    # step the plain one).
     from types import SimpleNamespace
 
     from metasampler.learned import fast
     from metasampler.learned.equations import nnsghmc_update
 
-    ran, clock = [], iter(range(1000))
+    ran, clock, child = [], iter(range(1000)), {"done": False}
     monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
     monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
     monkeypatch.setattr(fast, "_THREAD_DEVICES", frozenset({"cpu"}))
     monkeypatch.setattr(fast, "_THREAD_AFTER_SECONDS", 2.5)
-    for name in ("_WARMING", "_EAGER_SECONDS"):
+    for name in ("_CHILDREN", "_WARMING", "_EAGER_SECONDS"):
         monkeypatch.setattr(fast, name, {})
+    started = _fake_children(monkeypatch, fast, lambda: _finished_child(0, child))
     monkeypatch.setattr(fast, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     monkeypatch.setattr(fast, "_warm_up", lambda spec, flat, done: done.set_result(None))
     eager, plain = fast.run_blocks, nnsghmc_update
@@ -891,29 +961,55 @@ def test_the_thread_compiles_only_once_eager_steps_took_what_the_compile_costs(m
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():
         state = sampler.init(init, target, gen)
-        for step in range(6):
+        for step in range(8):
+            child["done"] = step >= 5  # (its eager steps passed 2.5 s at the 4th step)
             state = sampler.step(state, target, gen)
-            assert len(fast._WARMING) == (step >= 3)  # started by the 4th step (3 s > 2.5 s)
+            assert len(started) == 1 and len(fast._WARMING) == (step >= 5)
             fast.wait_for_compiles()
-        assert ran == ["eager"] * 4 + ["c"] * 2
-        # other chains' shape: another compile, so eager steps (timed afresh) again
+        assert ran == ["eager"] * 6 + ["c"] * 2
+        # other chains' shape: another compile, so another child and eager steps (timed afresh)
         more = sampler.init(torch.cat([init, init[:2]]), target, gen)
         sampler.step(more, target, gen)
-    assert ran[-1] == "eager" and len(fast._WARMING) == 1
+    assert ran[-1] == "eager" and len(started) == 2 and len(fast._WARMING) == 1
+
+
+def test_a_failed_child_leaves_eager_steps_with_one_notice(monkeypatch, capsys):
+    from metasampler.learned import fast
+
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
+    monkeypatch.setattr(fast, "_THREAD_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(fast, "_NOTICE_GIVEN", False)
+    for name in ("_CHILDREN", "_WARMING", "_EAGER_SECONDS"):
+        monkeypatch.setattr(fast, name, {})
+    _fake_children(monkeypatch, fast, lambda: _finished_child(1))
+    monkeypatch.setattr(fast, "_start_thread", lambda *a: pytest.fail("compiled after a failure"))
+    target, _ = quadratic_target()
+    init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, q_momentum_input=True)
+    expected = run_path(sampler, "blocks", target, init, n_steps=4)
+    got = run_path(sampler, "auto", target, init, n_steps=4)
+    torch.testing.assert_close(got.theta, expected.theta, atol=0, rtol=0)
+    err = capsys.readouterr().err
+    assert err.count("NNSGHMC runs its eager step (its compile failed") == 1
+    assert "in a child process, exit 1" in err
 
 
 @pytest.fixture
-def thread_compiling(monkeypatch):
-    """The GPU's default on the CPU: a thread compiles the step in this process, from the first
-    step on; returns :mod:`metasampler.learned.fast`."""
+def thread_compiling(monkeypatch, tmp_path):
+    """The GPU's default on the CPU: a child process fills the compile's caches (empty, in
+    ``tmp_path``), then a thread compiles the step in this process; returns
+    :mod:`metasampler.learned.fast`."""
     from metasampler.learned import fast
 
     if fast.compile_unavailable(torch.device("cpu")):
         pytest.skip("no compiler for the compiled step")
     monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("METASAMPLER_CACHE_DIR", str(tmp_path / "metasampler"))
     monkeypatch.setattr(fast, "_THREAD_DEVICES", frozenset({"cpu"}))
-    monkeypatch.setattr(fast, "_THREAD_AFTER_SECONDS", 0.0)  # (the thread starts at once)
-    for name in ("_WARMING", "_EAGER_SECONDS", "_IN_PROCESS"):
+    monkeypatch.setattr(fast, "_THREAD_AFTER_SECONDS", 0.0)  # (once the child is done)
+    for name in ("_CHILDREN", "_WARMING", "_EAGER_SECONDS", "_IN_PROCESS"):
         monkeypatch.setattr(fast, name, {})
     return fast
 
@@ -923,9 +1019,14 @@ def thread_compiling(monkeypatch):
 def test_the_thread_compiled_step_takes_over_from_eager_steps_and_agrees(
     gamma, thread_compiling, monkeypatch
 ):
-    # The GPU's default, run on the CPU: the first step starts the compile in a thread and
-    # runs eagerly; once compiled, the steps run the compiled function (a spy counts its
-    # calls), and the trajectory equals the eager one to float rounding.
+    # The GPU's default, run on the CPU: the first step starts the child process and runs
+    # eagerly; once the child is done, a step starts the thread; once it has compiled, the
+    # steps run the compiled function (a spy counts its calls), and the trajectory equals the
+    # eager one to float rounding. The thread's compile found the child's in inductor's cache,
+    # and the steps use the function it compiled (no second compile: dynamo guards on the
+    # inputs' types, and a net's Parameter once compiled the step again).
+    from torch._dynamo.utils import counters
+
     fast = thread_compiling
     calls = []
     compiled = fast.run_compiled_in_process
@@ -936,18 +1037,31 @@ def test_the_thread_compiled_step_takes_over_from_eager_steps_and_agrees(
     sampler, reference = path_sampler((4,), gamma, **kwargs), path_sampler((4,), gamma, **kwargs)
     reference.use_compile = False
     gen, ref_gen = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+
+    def both_step():
+        return sampler.step(state, target, gen), reference.step(expected, target, ref_gen)
+
+    hits, misses = (
+        counters["inductor"]["fxgraph_cache_hit"],
+        counters["inductor"]["fxgraph_cache_miss"],
+    )
+    graphs = counters["stats"]["unique_graphs"]
     with torch.no_grad():
         state = sampler.init(init.clone(), target, gen)
         expected = reference.init(init.clone(), target, ref_gen)
-        while not fast._WARMING:  # (finite differences: not at the first step, no history)
-            state = sampler.step(state, target, gen)
-            expected = reference.step(expected, target, ref_gen)
-        assert calls == []  # the step that started the compile ran eagerly
-        fast.wait_for_compiles()
+        while not fast._CHILDREN:  # (finite differences: not at the first step, no history)
+            state, expected = both_step()
+        fast.wait_for_compiles()  # the child
+        assert not fast._WARMING
+        state, expected = both_step()  # starts the thread
+        assert calls == [] and fast._WARMING  # the steps so far ran eagerly
+        fast.wait_for_compiles()  # the thread
         for _ in range(5):
-            state = sampler.step(state, target, gen)
-            expected = reference.step(expected, target, ref_gen)
+            state, expected = both_step()
     assert len(calls) == 5  # every step after the compile finished
+    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1
+    assert counters["inductor"]["fxgraph_cache_miss"] == misses
+    assert counters["stats"]["unique_graphs"] == graphs + 1
     torch.testing.assert_close(state.theta, expected.theta, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(state.momentum, expected.momentum, atol=1e-4, rtol=1e-4)
 
@@ -975,6 +1089,7 @@ def test_no_compiled_function_is_called_while_a_thread_compiles(thread_compiling
         return call
 
     monkeypatch.setattr(fast, "_compiled", guarded)
+    _fake_children(monkeypatch, fast, lambda: _finished_child(0))  # (the thread starts at once)
     target, _ = quadratic_target()
     init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
     kwargs = dict(eta=0.03, beta_off=1.0, c=0.2, q_momentum_input=True)
