@@ -401,7 +401,7 @@ def _start_child(key: tuple, spec: aot.KernelSpec, args: StepArgs) -> None:
     try:
         _CHILDREN[key] = aot.start_child("fast.warm_caches", argv, log), log
     except OSError as err:  # e.g. a read-only cache directory: stay eager
-        _fail(key, f"cannot start its compile in a child process: {err}")
+        _fail_compile(key, f"cannot start its compile in a child process: {err}")
         return
     print(
         "metasampler: compiling the NNSGHMC step in a child process (first use of this "
@@ -427,7 +427,8 @@ def warm_caches(argv: list[str]) -> int:
     return 0
 
 
-def _fail(key: tuple, why: str) -> None:
+def _fail_compile(key: tuple, why: str) -> None:
+    """Mark ``key``'s compile failed (its steps stay eager, after a notice)."""
     done = _WARMING[key] = Future()
     done.set_exception(RuntimeError(why))
 
@@ -456,7 +457,7 @@ def _child_done(key: tuple) -> bool:
         return False
     if child.returncode != 0:
         tail = log.read_text()[-300:].strip() if log.exists() else ""
-        _fail(key, f"in a child process, exit {child.returncode}; {log}: ...{tail}")
+        _fail_compile(key, f"in a child process, exit {child.returncode}; {log}: ...{tail}")
     return True
 
 

@@ -153,10 +153,10 @@ class NNSGHMC(nn.Module, Sampler):
                 package crashed) eager steps while a child process fills the compile's
                 caches, then ``torch.compile`` from them in a background thread (once the
                 eager steps have taken 10 s); elsewhere the eager step, after a one-line
-                notice. ``True``: wait
-                for the compiled step (a first build takes about a minute; on a GPU,
-                ``torch.compile`` in this process). ``False``: always eager. Not part of the
-                exported sampler: the ``use_compile`` attribute of a loaded one. Meta-training
+                notice. ``True``: wait for the compiled step (a first build takes about a
+                minute; on a GPU, ``torch.compile`` in this process). ``False``: always
+                eager. Not part of the exported sampler: the ``use_compile`` attribute of a
+                loaded one. Meta-training
                 steps (grad enabled) run eagerly with autograd, or with ``True`` through
                 ``torch.compile`` with autograd; ``step_path`` (attribute: "auto", "plain",
                 "blocks", "recompute", "compiled") forces one way, for tests and benchmarks.
