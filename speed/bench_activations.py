@@ -1,9 +1,10 @@
-"""Per-step cost of the NNSGHMC step by the nets' hidden activation, against SGHMC.
+"""Per-step cost of the NNSGHMC step by the nets' hidden activation and width, against SGHMC.
 
-Untrained 10-unit nets of the shipped floor sampler's layout (curl ``Q_f(U, p_i)``, friction
-floor ``c = 0.08``), compiled (the default path on a CPU), exact and finite-difference Gamma,
-on the 784-40-40-10 MLP of ``bench_nnsghmc_overhead.py`` (K = 20, batch 500, one thread);
-ratios are medians of per-round ratios to SGHMC in the same interleaved rounds.
+Untrained nets (10 units, or the widths ``--hidden`` gives) of the shipped floor sampler's
+layout (curl ``Q_f(U, p_i)``, friction floor ``c = 0.08``), compiled (the default path on a
+CPU), exact and finite-difference Gamma, on the 784-40-40-10 MLP of
+``bench_nnsghmc_overhead.py`` (K = 20, batch 500, one thread); ratios are medians of
+per-round ratios to SGHMC in the same interleaved rounds.
 
 ``--kernel`` times the compiled step function alone as well: the inputs of one step of each
 sampler are captured and the compiled step is replayed on them in interleaved rounds, without
@@ -12,6 +13,7 @@ the MLP's gradient, the noise draw or the rest of a step, which every activation
 Usage::
 
     python speed/bench_activations.py --activations relu softsign tanh --repeats 6 [--kernel]
+    python speed/bench_activations.py --activations softsign --hidden 1 5 10 20 --kernel
 """
 
 from __future__ import annotations
@@ -35,16 +37,18 @@ from metasampler.learned.nets import ACTIVATIONS  # noqa: E402
 from metasampler.samplers import SGHMC  # noqa: E402
 
 
-def variants(activations: list[str], lr: float = 0.007) -> dict:
+def variants(activations: list[str], widths: list[int], lr: float = 0.007) -> dict:
     samplers = {"SGHMC": SGHMC(lr=lr, friction=1.0)}
     for act in activations:
-        for gamma in ("exact", "finite_difference"):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                samplers[f"{act} {gamma}"] = NNSGHMC(
-                    lr=lr, gamma=gamma, beta_off=1.0, c=0.08, activation=act,
-                    q_hidden=(10,), d_hidden=(10,), q_momentum_input=True,
-                )  # fmt: skip
+        for width in widths:
+            for gamma in ("exact", "finite_difference"):
+                name = f"{act} {gamma}" if widths == [10] else f"{width}-unit {act} {gamma}"
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    samplers[name] = NNSGHMC(
+                        lr=lr, gamma=gamma, beta_off=1.0, c=0.08, activation=act,
+                        q_hidden=(width,), d_hidden=(width,), q_momentum_input=True,
+                    )  # fmt: skip
     return samplers
 
 
@@ -79,12 +83,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--activations", nargs="+", default=["relu", "softsign", "tanh"],
                         choices=ACTIVATIONS)  # fmt: skip
+    parser.add_argument("--hidden", nargs="+", type=int, default=[10],
+                        help="hidden units of both nets (one variant per width)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--kernel", action="store_true", help="also time the compiled step alone")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     target, init = mlp_target((40, 40), 20)
-    samplers = variants(args.activations)
+    samplers = variants(args.activations, args.hidden)
     times = time_sampling(target, samplers, init, 10, 3, args.repeats)
     ref = times["SGHMC"]
     print("| variant | ms/step | ratio to SGHMC |\n|---|---:|---:|")

@@ -16,6 +16,7 @@ round's SGHMC block time.
   coordinate), ``mnist_mlp_stiffness_softsign`` (the same layout, trained on all digits with
   ``softsign`` units), ``mnist_mlp_floor_softsign`` (the shipped file's layout, ``f_Q(U, p)``
   and ``f_D(U, p, g)`` of 10 units, with ``softsign`` units, exact and FD),
+  ``mnist_mlp_floor_5units`` (the same recipe with 5-unit nets, exact and FD),
   ``mnist_mlp_floor_positive`` (the same layout with a softplus curl output and the curl's
   speed limit, exact and FD), ``mnist_mlp_positive_preconditioned`` (that file with the
   curl's stiffness preconditioner, exact Gamma only; and with ``grad_noise_estimate``: the
@@ -80,6 +81,7 @@ TRANSFER = ROOT / "pretrained" / "mnist_mlp_transfer.safetensors"  # energy-only
 STIFFNESS = ROOT / "pretrained" / "mnist_mlp_0to4_stiffness.safetensors"  # Q_f(U, s_i)
 SOFTSIGN = ROOT / "pretrained" / "mnist_mlp_stiffness_softsign.safetensors"  # the same, softsign
 FLOOR = ROOT / "pretrained" / "mnist_mlp_floor_softsign.safetensors"  # Q_f(U, p_i), softsign
+FLOOR5 = ROOT / "pretrained" / "mnist_mlp_floor_5units.safetensors"  # the same with 5-unit nets
 POSITIVE = ROOT / "pretrained" / "mnist_mlp_floor_positive.safetensors"  # Q_f >= 0, speed limit
 # the same with the curl's stiffness preconditioner (exact Gamma only)
 PRECONDITIONED = ROOT / "pretrained" / "mnist_mlp_positive_preconditioned.safetensors"
@@ -126,6 +128,8 @@ def sampling_variants() -> dict:
         "mnist_mlp_stiffness_softsign exact": load_sampler(SOFTSIGN),
         "mnist_mlp_floor_softsign exact": load_sampler(FLOOR),
         "mnist_mlp_floor_softsign FD": load_sampler(FLOOR, gamma="finite_difference"),
+        "mnist_mlp_floor_5units exact": load_sampler(FLOOR5),
+        "mnist_mlp_floor_5units FD": load_sampler(FLOOR5, gamma="finite_difference"),
         "mnist_mlp_floor_positive exact": load_sampler(POSITIVE),
         "mnist_mlp_floor_positive FD": load_sampler(POSITIVE, gamma="finite_difference"),
         "mnist_mlp_positive_preconditioned exact": load_sampler(PRECONDITIONED),
