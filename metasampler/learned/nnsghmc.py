@@ -156,10 +156,10 @@ class NNSGHMC(nn.Module, Sampler):
                 notice. ``True``: wait for the compiled step (a first build takes about a
                 minute; on a GPU, ``torch.compile`` in this process). ``False``: always
                 eager. Not part of the exported sampler: the ``use_compile`` attribute of a
-                loaded one. Meta-training
-                steps (grad enabled) run eagerly with autograd, or with ``True`` through
-                ``torch.compile`` with autograd; ``step_path`` (attribute: "auto", "plain",
-                "blocks", "recompute", "compiled") forces one way, for tests and benchmarks.
+                loaded one. Meta-training steps (grad enabled) run eagerly with autograd, or
+                with ``True`` through ``torch.compile`` with autograd; ``step_path``
+                (attribute: "auto", "plain", "blocks", "recompute", "compiled") forces one
+                way, for tests and benchmarks.
             grad_noise_var: the variance ``V`` of the gradient's noise per coordinate, where it
                 is known (e.g. the toy targets' injected ``N(0, sigma^2)``: ``V = sigma^2``).
                 ``0`` (default): none assumed. With ``V > 0`` the injected noise gives
