@@ -330,6 +330,21 @@ def test_quadsat_units_saturate_with_a_continuous_slope():
     assert slope[2400].item() == pytest.approx(1.0)
 
 
+def test_the_compiled_softplus_is_torchs_to_float32_rounding():
+    # Compiled sampling computes f_phiD's softplus and its sigmoid from one exp and a series
+    # (#12: inductor's log1p and exp cost more than the nets); it must be the same function
+    # over the whole float32 range, tails and 0 included, to within float32's own rounding.
+    from metasampler.learned.nets import softplus_fused
+
+    x = torch.cat([torch.linspace(-90.0, 90.0, 180001), torch.tensor([0.0, -0.0, 1e-8, -1e-8])])
+    value, sigmoid = softplus_fused(x, slope=True)
+    ulp = 1.5e-45  # the spacing of float32's subnormals, where x < -87
+    for got, exact, rtol in [(value, torch.nn.functional.softplus(x.double()), 1e-6),
+                             (sigmoid, torch.sigmoid(x.double()), 2e-6)]:  # fmt: skip
+        assert bool(((got.double() - exact).abs() <= rtol * exact + ulp).all())
+    assert softplus_fused(x, slope=False)[1] is None
+
+
 def test_finite_difference_gamma_approaches_exact_gamma():
     errors = [gamma_error(eta) for eta in (0.04, 0.01, 0.0025)]
     # FD derivatives are secants over one step, whose momentum change is dominated by the
