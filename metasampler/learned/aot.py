@@ -255,13 +255,35 @@ def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], list[dict | None]]:
 # only exact steps lift the limit. Keys a torch version lacks are skipped.
 _CONTRACT = {"cpp.enable_floating_point_contract_flag": "fast"}
 _ONE_LOOP = {"max_fusion_size": 1 << 16}
+# Inductor's first build on a machine checks that the compiler can target the vector ISA the
+# CPU reports by compiling its vector headers once per candidate ISA (four builds, ~10 s of a
+# ~37 s package build on 2 cores, BENCHMARKS.md session 28). The CPU's flags already say which
+# ISA it has; a compiler that cannot target it fails the build, which `build` retries with them.
+# Loading a package asks for the ISA too (for a warning): without the probes, the first load in
+# a process with a fresh inductor cache stalled the sampling loop ~15 s.
+_NO_ISA_PROBES = {"cpp.vec_isa_ok": True}
 
 
 def inductor_options(cfg: StepConfig) -> dict[str, object]:
     """The inductor settings a step with switches ``cfg`` is compiled with."""
-    wanted = {**_CONTRACT, **(_ONE_LOOP if cfg.gamma == "exact" else {})}
+    wanted = {**_CONTRACT, **(_ONE_LOOP if cfg.gamma == "exact" else {}), **_NO_ISA_PROBES}
     known = torch._inductor.config.get_config_copy()
     return {k: v for k, v in wanted.items() if k in known}
+
+
+def _compile_package(program, path: Path, options: dict[str, object]) -> None:
+    """AOTInductor's build; once more with inductor's ISA probes if it failed without them."""
+    try:
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(path), inductor_configs=options
+        )
+    except Exception:
+        probed = {k: v for k, v in options.items() if k not in _NO_ISA_PROBES}
+        if probed == options:
+            raise
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(path), inductor_configs=probed
+        )
 
 
 def build(spec: KernelSpec, package: Path) -> None:
@@ -271,9 +293,7 @@ def build(spec: KernelSpec, package: Path) -> None:
     with torch.no_grad():
         program = torch.export.export(_Step(spec), tuple(flat), dynamic_shapes=(tuple(dims),))
         tmp = package.with_name(f"{package.stem}.{os.getpid()}.tmp.pt2")
-        torch._inductor.aoti_compile_and_package(
-            program, package_path=str(tmp), inductor_configs=inductor_options(spec.cfg)
-        )
+        _compile_package(program, tmp, inductor_options(spec.cfg))
     digest = _sha256(tmp)
     os.replace(tmp, package)
     atomic_write_text(_checksum_path(package), digest + "\n")
@@ -350,8 +370,9 @@ def _fail(key: str, why: str) -> None:
 
 
 def _load(key: str, package: Path) -> Callable | None:
-    try:
-        runner = torch._inductor.aoti_load_package(str(package))
+    try:  # (loading asks for the CPU's ISA, for a warning: without probes, ~1 s rather than ~15)
+        with torch._inductor.config.patch(_NO_ISA_PROBES):
+            runner = torch._inductor.aoti_load_package(str(package))
     except Exception as err:  # an incompatible or broken package: stay eager
         _fail(key, f"{type(err).__name__} loading {package}: {err}")
         return None

@@ -1243,6 +1243,30 @@ def test_the_package_is_built_with_fmas_and_exact_steps_as_one_loop():
     def options(gamma: str) -> dict:
         return aot.inductor_options(StepConfig("softsign", "softplus", gamma, True, False, True))
 
-    contract = {"cpp.enable_floating_point_contract_flag": "fast"}
+    contract = {"cpp.enable_floating_point_contract_flag": "fast", "cpp.vec_isa_ok": True}
     assert options("exact") == {**contract, "max_fusion_size": 1 << 16}
     assert options("finite_difference") == contract
+
+
+def test_a_build_that_fails_without_the_isa_probes_is_retried_with_them(tmp_path, monkeypatch):
+    # Packages skip inductor's compile probes of the CPU's vector ISA (~10 s of a first build);
+    # a compiler that cannot target the ISA the CPU reports must still get a package, built
+    # with the probes (which then pick an ISA it can target), not an eager fallback.
+    from metasampler.learned import aot
+    from metasampler.learned.equations import StepConfig
+
+    calls = []
+
+    def compile_and_package(program, package_path, inductor_configs):
+        calls.append(dict(inductor_configs))
+        if inductor_configs.get("cpp.vec_isa_ok"):
+            raise RuntimeError("g++: error: unrecognized command-line option '-mavx512f'")
+        Path(package_path).write_bytes(b"package")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_and_package)
+    cfg = StepConfig("softsign", "softplus", "exact", True, False, True)
+    q_shapes, d_shapes = ((4, 2), (4,), (4,), ()), ((4, 3), (4,), (4,), ())  # one layer of 4
+    spec = aot.KernelSpec(cfg, q_shapes, d_shapes, "float32", "cpu", True, True, False, 1)
+    aot.build(spec, tmp_path / "step.pt2")
+    assert [c.get("cpp.vec_isa_ok") for c in calls] == [True, None]
+    assert (tmp_path / "step.pt2").read_bytes() == b"package"
