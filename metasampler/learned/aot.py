@@ -258,17 +258,21 @@ _ONE_LOOP = {"max_fusion_size": 1 << 16}
 # Inductor's first build on a machine checks that the compiler can target the vector ISA the
 # CPU reports by compiling its vector headers once per candidate ISA (four builds, ~10 s of a
 # ~37 s package build on 2 cores, BENCHMARKS.md session 28). The CPU's flags already say which
-# ISA it has; a compiler that cannot target it fails the build, which `build` retries with them.
-# Loading a package asks for the ISA too (for a warning): without the probes, the first load in
-# a process with a fresh inductor cache stalled the sampling loop ~15 s.
+# ISA it has; a compiler that cannot target it fails the build, which is then retried with
+# the probes. Loading a package asks for the ISA too (for a warning): with the probes, the first
+# load in a process with a fresh inductor cache stalled the sampling loop ~15 s.
 _NO_ISA_PROBES = {"cpp.vec_isa_ok": True}
+
+
+def _known(options: dict[str, object]) -> dict[str, object]:
+    """The inductor settings among ``options`` that this torch has."""
+    known = torch._inductor.config.get_config_copy()
+    return {k: v for k, v in options.items() if k in known}
 
 
 def inductor_options(cfg: StepConfig) -> dict[str, object]:
     """The inductor settings a step with switches ``cfg`` is compiled with."""
-    wanted = {**_CONTRACT, **(_ONE_LOOP if cfg.gamma == "exact" else {}), **_NO_ISA_PROBES}
-    known = torch._inductor.config.get_config_copy()
-    return {k: v for k, v in wanted.items() if k in known}
+    return _known({**_CONTRACT, **(_ONE_LOOP if cfg.gamma == "exact" else {}), **_NO_ISA_PROBES})
 
 
 def _compile_package(program, path: Path, options: dict[str, object]) -> None:
@@ -370,8 +374,8 @@ def _fail(key: str, why: str) -> None:
 
 
 def _load(key: str, package: Path) -> Callable | None:
-    try:  # (loading asks for the CPU's ISA, for a warning: without probes, ~1 s rather than ~15)
-        with torch._inductor.config.patch(_NO_ISA_PROBES):
+    try:  # (without the ISA probes: ~1 s rather than ~15 with a fresh inductor cache)
+        with torch._inductor.config.patch(_known(_NO_ISA_PROBES)):
             runner = torch._inductor.aoti_load_package(str(package))
     except Exception as err:  # an incompatible or broken package: stay eager
         _fail(key, f"{type(err).__name__} loading {package}: {err}")

@@ -1270,3 +1270,21 @@ def test_a_build_that_fails_without_the_isa_probes_is_retried_with_them(tmp_path
     aot.build(spec, tmp_path / "step.pt2")
     assert [c.get("cpp.vec_isa_ok") for c in calls] == [True, None]
     assert (tmp_path / "step.pt2").read_bytes() == b"package"
+
+
+def test_a_package_loads_without_the_isa_probes(tmp_path, monkeypatch):
+    # Loading asks inductor for the CPU's ISA (for a warning); with the probes and a fresh
+    # inductor cache that compiled its vector headers four times in the sampling loop (~15 s).
+    from metasampler.learned import aot
+
+    seen = []
+
+    def load(path):
+        seen.append(torch._inductor.config.cpp.vec_isa_ok)
+        return lambda *flat: flat
+
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", load)
+    monkeypatch.setattr(aot, "_RUNNERS", {})
+    before = torch._inductor.config.cpp.vec_isa_ok
+    assert aot._load("key", tmp_path / "step.pt2") is not None
+    assert seen == [True] and torch._inductor.config.cpp.vec_isa_ok == before  # (restored)
