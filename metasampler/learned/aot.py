@@ -40,6 +40,7 @@ from torch import Tensor
 
 from ..files import atomic_write_text
 from .equations import SCALARS, StepArgs, StepConfig, nnsghmc_update
+from .vector_division import fast_float_division
 
 __all__ = [
     "KernelSpec", "cache_dir", "call_flat", "flat_inputs", "run", "step_from_flat", "stop_builds",
@@ -48,7 +49,7 @@ __all__ = [
 
 CACHE_ENV = "METASAMPLER_CACHE_DIR"
 # The files whose code a package contains: a change to any of them gives new keys.
-_SOURCES = ("equations.py", "nets.py", "aot.py", "../integrators.py")
+_SOURCES = ("equations.py", "nets.py", "aot.py", "vector_division.py", "../integrators.py")
 # Example sizes for export: K != D and both > 1, so neither is specialised to a constant.
 _EXAMPLE_K, _EXAMPLE_D = 3, 7
 
@@ -276,15 +277,15 @@ def inductor_options(cfg: StepConfig) -> dict[str, object]:
 
 
 def _compile_package(program, path: Path, options: dict[str, object]) -> None:
-    """AOTInductor's build; once more with inductor's ISA probes if it failed without them."""
+    """AOTInductor's build, without the ISA probes and with fast float division
+    (:mod:`.vector_division`); if that fails, once more with the probes and exact division."""
     try:
-        torch._inductor.aoti_compile_and_package(
-            program, package_path=str(path), inductor_configs=options
-        )
+        with fast_float_division():
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(path), inductor_configs=options
+            )
     except Exception:
         probed = {k: v for k, v in options.items() if k not in _NO_ISA_PROBES}
-        if probed == options:
-            raise
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(path), inductor_configs=probed
         )

@@ -1248,18 +1248,22 @@ def test_the_package_is_built_with_fmas_and_exact_steps_as_one_loop():
     assert options("finite_difference") == contract
 
 
-def test_a_build_that_fails_without_the_isa_probes_is_retried_with_them(tmp_path, monkeypatch):
-    # Packages skip inductor's compile probes of the CPU's vector ISA (~10 s of a first build);
-    # a compiler that cannot target the ISA the CPU reports must still get a package, built
-    # with the probes (which then pick an ISA it can target), not an eager fallback.
-    from metasampler.learned import aot
+def test_a_build_that_fails_with_its_shortcuts_is_retried_without_them(tmp_path, monkeypatch):
+    # Packages skip inductor's compile probes of the CPU's vector ISA (~10 s of a first build)
+    # and divide floats from the reciprocal estimate; a compiler that cannot target the ISA
+    # the CPU reports (or reject the estimate's code) must still get a package, built with the
+    # probes (which then pick an ISA it can target) and exact division, not an eager fallback.
+    from torch._inductor.codegen.cpp import CppVecOverrides
+
+    from metasampler.learned import aot, vector_division
     from metasampler.learned.equations import StepConfig
 
     calls = []
 
     def compile_and_package(program, package_path, inductor_configs):
-        calls.append(dict(inductor_configs))
-        if inductor_configs.get("cpp.vec_isa_ok"):
+        fast = CppVecOverrides.reciprocal is vector_division.reciprocal_code
+        calls.append((inductor_configs.get("cpp.vec_isa_ok"), fast))
+        if inductor_configs.get("cpp.vec_isa_ok") or fast:
             raise RuntimeError("g++: error: unrecognized command-line option '-mavx512f'")
         Path(package_path).write_bytes(b"package")
 
@@ -1268,8 +1272,33 @@ def test_a_build_that_fails_without_the_isa_probes_is_retried_with_them(tmp_path
     q_shapes, d_shapes = ((4, 2), (4,), (4,), ()), ((4, 3), (4,), (4,), ())  # one layer of 4
     spec = aot.KernelSpec(cfg, q_shapes, d_shapes, "float32", "cpu", True, True, False, 1)
     aot.build(spec, tmp_path / "step.pt2")
-    assert [c.get("cpp.vec_isa_ok") for c in calls] == [True, None]
+    assert calls == [(True, True), (None, False)]
     assert (tmp_path / "step.pt2").read_bytes() == b"package"
+    assert CppVecOverrides.reciprocal is not vector_division.reciprocal_code  # (restored)
+
+
+def test_fast_float_division_is_division_to_a_few_ulp():
+    # The compiled step's divisions (vector_division): on an AVX-512 CPU inductor's code must
+    # use the estimate (else the speed-up is gone), and the quotients must stay within a few
+    # float32 ulp of exact division over divisors of every magnitude the step sees.
+    from torch._inductor.utils import run_and_get_code
+
+    from metasampler.learned.vector_division import fast_float_division
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(4099, generator=gen) * 10.0 ** torch.randint(-6, 7, (4099,), generator=gen)
+    b = 1.0 + a.abs()  # softsign's divisor, >= 1
+    torch._dynamo.reset()
+    with fast_float_division(), torch._inductor.config.patch(fx_graph_cache=False):
+        fn = torch.compile(lambda a, b: (b.reciprocal(), a / b, a * b.reciprocal()), dynamic=False)
+        (rec, quo, soft), code = run_and_get_code(fn, a, b)
+    torch._dynamo.reset()
+    ulp = torch.finfo(torch.float32).eps
+    assert ((rec - 1.0 / b).abs() <= 2 * ulp * (1.0 / b)).all()
+    assert ((quo - a / b).abs() <= 3 * ulp * (a / b).abs()).all()
+    assert ((soft - a / b).abs() <= 3 * ulp * (a / b).abs()).all()
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert "_mm512_rcp14_ps" in "".join(code)
 
 
 def test_a_package_loads_without_the_isa_probes(tmp_path, monkeypatch):

@@ -1,0 +1,76 @@
+"""Float divisions of the compiled step from the CPU's reciprocal estimate (AVX-512 only).
+
+In the compiled NNSGHMC step every hidden unit of every net evaluation divides once
+(softsign's ``1 / (1 + |a|)``, the rational tanh's ``p(a) / q(a)``), and AVX-512's
+division is slow: on a 784-40-40-10 MLP with 40-unit softsign nets the exact step's loop ran
+15-20 % faster when its 120 divisions per vector were ``rcp14`` (a 14-bit estimate) and one
+Newton step (``BENCHMARKS.md``, session 29). That is what :func:`fast_float_division` makes
+inductor write, for 16-float vectors only: other vector widths, other dtypes and scalar code
+keep the exact division.
+
+The result is within about 2 ulp of the correctly rounded quotient for divisors whose
+reciprocal is a normal float. Unlike a division it is NaN for a divisor of 0 or ±inf; every
+divisor of the step is bounded away from both (``1 + |a|``, the rational tanh's positive
+denominator, the softplus's ``e + 2`` and ``e + 1``, the secants' guarded differences), and a
+chain whose pre-activations overflow is non-finite either way.
+
+Only the child process that builds a package applies this (:func:`metasampler.learned.aot.build`),
+and a build that fails with it is retried without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+# 1 / v: the 14-bit estimate r, then r + r (1 - v r) (one Newton step: ~28 bits before rounding).
+_NEWTON = (
+    "__m512 v_ = {v}; __m512 r_ = _mm512_rcp14_ps(v_); "
+    "r_ = _mm512_fmadd_ps(r_, _mm512_fnmadd_ps(v_, r_, _mm512_set1_ps(1.0f)), r_);"
+)
+# A generic lambda called in place: the AVX-512 branch is instantiated only for a 64-byte
+# Vectorized<float> (a build for another ISA discards it), anything else divides as before.
+_IS_ZMM_FLOAT = "std::is_same_v<decltype({x}), at::vec::Vectorized<float>> && sizeof({x}) == 64"
+_RECIPROCAL = (
+    "([](auto x_) {{ if constexpr ({test}) {{ {newton} return decltype(x_)(r_); }} "
+    "else {{ return x_.reciprocal(); }} }})({a})"
+)
+_TRUEDIV = (
+    "([](auto n_, auto d_) {{ if constexpr ({test} && std::is_same_v<decltype(n_), "
+    "decltype(d_)>) {{ {newton} return decltype(d_)(_mm512_mul_ps(n_, r_)); }} "
+    "else {{ return n_ / d_; }} }})({a}, {b})"
+)
+
+
+def reciprocal_code(a: str) -> str:
+    """C++ for ``1 / a`` of a vector expression ``a`` (see the module docstring)."""
+    test = _IS_ZMM_FLOAT.format(x="x_")
+    return _RECIPROCAL.format(test=test, newton=_NEWTON.format(v="x_"), a=a)
+
+
+def truediv_code(a: str, b: str) -> str:
+    """C++ for ``a / b`` of vector expressions (see the module docstring)."""
+    test = _IS_ZMM_FLOAT.format(x="d_")
+    return _TRUEDIV.format(test=test, newton=_NEWTON.format(v="d_"), a=a, b=b)
+
+
+@contextlib.contextmanager
+def fast_float_division() -> Iterator[None]:
+    """Within the block, inductor's C++ vector code divides floats as this module says (a
+    no-op on a torch whose code generator lacks the hooks)."""
+    try:
+        from torch._inductor.codegen.cpp import CppVecOverrides
+    except ImportError:
+        yield
+        return
+    saved = {name: CppVecOverrides.__dict__.get(name) for name in ("reciprocal", "truediv")}
+    if None in saved.values():
+        yield
+        return
+    CppVecOverrides.reciprocal = staticmethod(reciprocal_code)
+    CppVecOverrides.truediv = staticmethod(truediv_code)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(CppVecOverrides, name, method)
