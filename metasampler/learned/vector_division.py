@@ -2,11 +2,13 @@
 
 In the compiled NNSGHMC step every hidden unit of every net evaluation divides once
 (softsign's ``1 / (1 + |a|)``, the rational tanh's ``p(a) / q(a)``), and AVX-512's
-division is slow: on a 784-40-40-10 MLP with 40-unit softsign nets the exact step's loop ran
-15-20 % faster when its 120 divisions per vector were ``rcp14`` (a 14-bit estimate) and one
-Newton step (``BENCHMARKS.md``, session 29). That is what :func:`fast_float_division` makes
-inductor write, for 16-float vectors only: other vector widths, other dtypes and scalar code
-keep the exact division.
+division is slow (one port): with 40-unit softsign nets on a 784-40-40-10 MLP the fused loop
+took 29.9 -> 23.9 ms (exact Gamma, 120 divisions per vector) and 36.2 -> 25.7 ms (finite
+differences) when each division became ``rcp14`` (a 14-bit estimate) and one Newton step;
+5- and 10-unit nets, whose few divisions hide behind the other arithmetic, did not change
+(``BENCHMARKS.md``, session 29). That is what :func:`fast_float_division` makes inductor
+write, for 16-float vectors only: other vector widths, other dtypes and scalar code keep the
+exact division.
 
 The result is within about 2 ulp of the correctly rounded quotient for divisors whose
 reciprocal is a normal float. Unlike a division it is NaN for a divisor of 0 or ±inf; every
