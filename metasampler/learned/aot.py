@@ -276,6 +276,9 @@ def inductor_options(cfg: StepConfig) -> dict[str, object]:
     return _known({**_CONTRACT, **(_ONE_LOOP if cfg.gamma == "exact" else {}), **_NO_ISA_PROBES})
 
 
+RETRY_NOTICE = "metasampler: the build failed with its shortcuts; building again without them"
+
+
 def _compile_package(program, path: Path, options: dict[str, object]) -> None:
     """AOTInductor's build, without the ISA probes and with fast float division
     (:mod:`.vector_division`); if that fails, once more with the probes and exact division."""
@@ -284,7 +287,8 @@ def _compile_package(program, path: Path, options: dict[str, object]) -> None:
             torch._inductor.aoti_compile_and_package(
                 program, package_path=str(path), inductor_configs=options
             )
-    except Exception:
+    except Exception as err:  # (the log says why: a retry doubles the build's time)
+        print(f"{RETRY_NOTICE}: {type(err).__name__}: {str(err)[:400]}", flush=True)
         probed = {k: v for k, v in options.items() if k not in _NO_ISA_PROBES}
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(path), inductor_configs=probed

@@ -44,13 +44,15 @@ _TRUEDIV = (
 )
 
 
-def reciprocal_code(a: str) -> str:
+# The two functions keep the names of the ops they replace: where every input of an op is a
+# scalar (e.g. ``1 / eta``), inductor calls the scalar op of the same ``__name__``.
+def reciprocal(a: str) -> str:
     """C++ for ``1 / a`` of a vector expression ``a`` (see the module docstring)."""
     test = _IS_ZMM_FLOAT.format(x="x_")
     return _RECIPROCAL.format(test=test, newton=_NEWTON.format(v="x_"), a=a)
 
 
-def truediv_code(a: str, b: str) -> str:
+def truediv(a: str, b: str) -> str:
     """C++ for ``a / b`` of vector expressions (see the module docstring)."""
     test = _IS_ZMM_FLOAT.format(x="d_")
     return _TRUEDIV.format(test=test, newton=_NEWTON.format(v="d_"), a=a, b=b)
@@ -69,8 +71,8 @@ def fast_float_division() -> Iterator[None]:
     if None in saved.values():
         yield
         return
-    CppVecOverrides.reciprocal = staticmethod(reciprocal_code)
-    CppVecOverrides.truediv = staticmethod(truediv_code)
+    CppVecOverrides.reciprocal = staticmethod(reciprocal)
+    CppVecOverrides.truediv = staticmethod(truediv)
     try:
         yield
     finally:
