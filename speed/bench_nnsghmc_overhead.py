@@ -40,8 +40,9 @@ round's SGHMC block time.
   (``q_momentum_input=False``, as ``configs/mnist_mlp_transfer.yaml`` trains), and the
   compiled one with the stiffness input ``Q_f(U, s_i)`` (``q_stiffness_input=True``), and
   compiled with ``softsign`` units (default curl, and the stiffness input).
-* ``first-use``: a fresh process with empty compile caches (``TORCHINDUCTOR_CACHE_DIR`` and
-  ``METASAMPLER_CACHE_DIR`` pointing to a new directory) runs 30 steps of the shipped sampler
+* ``first-use``: a fresh process with empty compile caches (``TORCHINDUCTOR_CACHE_DIR``,
+  ``METASAMPLER_CACHE_DIR`` and ``TMPDIR``, where inductor keeps precompiled headers,
+  pointing to a new directory) runs 30 steps of the shipped sampler
   on the MLP, against 30 SGHMC steps in another fresh process.
 
 Usage::
@@ -236,7 +237,7 @@ def first_use() -> dict[str, list[float]]:
     for kind in ("sghmc", "nnsghmc"):
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": "1",
-                   "METASAMPLER_CACHE_DIR": cache}  # fmt: skip
+                   "METASAMPLER_CACHE_DIR": cache, "TMPDIR": cache}  # fmt: skip
             env.pop("METASAMPLER_COMPILE", None)
             code = FIRST_USE.format(bench=str(Path(__file__).parent))
             done = subprocess.run(

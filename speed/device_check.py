@@ -316,6 +316,7 @@ def check_first_use(device: torch.device, steps: int) -> None:
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "METASAMPLER_CACHE_DIR": cache}
             env["TRITON_CACHE_DIR"] = cache
+            env["TMPDIR"] = cache  # (inductor keeps its precompiled headers there)
             env.pop("METASAMPLER_COMPILE", None)
             code = FIRST_USE.format(speed=str(ROOT / "speed"), device=str(device), steps=steps)
             done = subprocess.run(

@@ -1,6 +1,7 @@
 """Where the first steps of a fresh process go while the background compile runs (issue #12).
 
-    D=$(mktemp -d); TORCHINDUCTOR_CACHE_DIR=$D METASAMPLER_CACHE_DIR=$D OMP_NUM_THREADS=1 \\
+    D=$(mktemp -d); TORCHINDUCTOR_CACHE_DIR=$D METASAMPLER_CACHE_DIR=$D TMPDIR=$D \\
+        OMP_NUM_THREADS=1 \\
         .venv/bin/python speed/probe_first_use.py [--steps 20] [--switch-interval 0.005]
 
 Loads the shipped MNIST sampler with no flags (``compile=None``: background compile), samples

@@ -263,6 +263,12 @@ _ONE_LOOP = {"max_fusion_size": 1 << 16}
 # the probes. Loading a package asks for the ISA too (for a warning): with the probes, the first
 # load in a process with a fresh inductor cache stalled the sampling loop ~15 s.
 _NO_ISA_PROBES = {"cpp.vec_isa_ok": True}
+# AOTInductor precompiles the torch headers a package's C++ includes (~140 MB per header and
+# compiler-flag set, kept in the system's temporary directory for later builds): a machine's
+# first build took 31.5 s with it and 25.3-26.1 s without (10-unit floor sampler, 2 cores;
+# a later build 20.3 s with the headers already there). The first build is the one a user
+# waits for, so packages compile their headers each time.
+_NO_HEADER_PRECOMPILE = {"aot_inductor.precompile_headers": False}
 
 
 def _known(options: dict[str, object]) -> dict[str, object]:
@@ -273,7 +279,8 @@ def _known(options: dict[str, object]) -> dict[str, object]:
 
 def inductor_options(cfg: StepConfig) -> dict[str, object]:
     """The inductor settings a step with switches ``cfg`` is compiled with."""
-    return _known({**_CONTRACT, **(_ONE_LOOP if cfg.gamma == "exact" else {}), **_NO_ISA_PROBES})
+    one_loop = _ONE_LOOP if cfg.gamma == "exact" else {}
+    return _known({**_CONTRACT, **one_loop, **_NO_ISA_PROBES, **_NO_HEADER_PRECOMPILE})
 
 
 RETRY_NOTICE = "metasampler: the build failed with its shortcuts; building again without them"

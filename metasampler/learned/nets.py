@@ -157,43 +157,52 @@ def coordinate_mlp(
 
     slope = len(derivatives) > 0
     weight, bias = layers[0]
-    width = weight.shape[0]
-    # Hidden units of a one-layer net are taken in groups of `group`: all at once in eager mode
-    # (few large operations), one by one when compiled for sampling, where that turns the net
-    # into (K, D) element-wise operations that inductor fuses into one loop without storing any
-    # (H, K, D) activation. Same sums, only the order of the loop differs. Compiled with
+    # Hidden units of a one-layer net are taken all at once in eager mode (few large
+    # operations, the units on a leading axis), one by one when compiled for sampling, where
+    # that turns the net into (K, D) element-wise operations that inductor fuses into one loop
+    # without storing any (H, K, D) activation. Same sums, only the order of the loop differs.
+    # Unrolled, each unit's weights are 0-d tensors (one `unbind`, not a slice and a reshape
+    # per weight and unit: half the graph that a package build traces). Compiled with
     # autograd (meta-training) the units stay one axis: unrolled, the joint graph compiled far
     # slower (10 units: 637 s with a job on the other core, against 99 s idle) for a step
     # about 10 % faster.
-    group = width
-    unroll = torch.compiler.is_compiling() and not torch.is_grad_enabled()
-    if len(layers) == 1 and unroll and width <= UNROLL_MAX_HIDDEN:
-        group = 1
+    unroll = (
+        torch.compiler.is_compiling()
+        and not torch.is_grad_enabled()
+        and len(layers) == 1
+        and weight.shape[0] <= UNROLL_MAX_HIDDEN
+    )
+    if unroll:
+        units = zip(bias.unbind(0), weight.unbind(0), w_out.unbind(0), strict=True)
+        groups = [(b, w.unbind(0), o) for b, w, o in units]
+    else:
+        groups = [(column(bias), [column(w) for w in weight.unbind(1)], column(w_out))]
+
+    def over_units(t: Tensor) -> Tensor:
+        return t if unroll else t.sum(0)
+
     value: Tensor | float = b_out
     grads: list[Tensor | float] = [0.0 for _ in derivatives]
-    for g in range(0, width, group):
-        units = slice(g, g + group)
-        a = column(bias[units])
-        for f, x in enumerate(inputs):
-            a = a + column(weight[units, f]) * x
+    for b, w, o in groups:
+        a = b
+        for w_f, x in zip(w, inputs, strict=True):
+            a = a + w_f * x
         h, s = _activate(activation, a, slope)
         if len(layers) == 1:
             # d value / d x_f = sum_j w_out_j s_j W_jf: the weights' product is taken once
             # (a scalar per unit), one (K, D) product fewer per unit and derivative.
-            value = value + (h * column(w_out[units])).sum(0)
+            value = value + over_units(h * o)
             grads = [
-                total + (s * column(weight[units, f] * w_out[units])).sum(0)
+                total + over_units(s * (w[f] * o))
                 for total, f in zip(grads, derivatives, strict=True)
             ]
             continue
-        tangents = [s * column(weight[:, f]) for f in derivatives]
+        tangents = [s * w[f] for f in derivatives]
         for deeper, deeper_bias in layers[1:]:  # (H', H) x (H, ...) -> (H', ...)
             h, s = _activate(activation, torch.tensordot(deeper, h, 1) + column(deeper_bias), slope)
             tangents = [s * torch.tensordot(deeper, t, 1) for t in tangents]
-        value = value + (h * column(w_out)).sum(0)
-        grads = [
-            total + (t * column(w_out)).sum(0) for total, t in zip(grads, tangents, strict=True)
-        ]
+        value = value + (h * o).sum(0)
+        grads = [total + (t * o).sum(0) for total, t in zip(grads, tangents, strict=True)]
     if output == "softplus":
         value, sigmoid = _softplus(value, slope)
         grads = [sigmoid * g for g in grads]
