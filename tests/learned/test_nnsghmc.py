@@ -1251,26 +1251,30 @@ def test_the_package_is_built_with_fmas_and_exact_steps_as_one_loop():
         "cpp.enable_floating_point_contract_flag": "fast",
         "cpp.vec_isa_ok": True,
         "aot_inductor.precompile_headers": False,
+        "aot_inductor.compile_wrapper_opt_level": "O0",
     }
     assert options("exact") == {**contract, "max_fusion_size": 1 << 16}
     assert options("finite_difference") == contract
 
 
 def test_a_build_that_fails_with_its_shortcuts_is_retried_without_them(tmp_path, monkeypatch):
-    # Packages skip inductor's compile probes of the CPU's vector ISA (~10 s of a first build)
-    # and divide floats from the reciprocal estimate; a compiler that cannot target the ISA
-    # the CPU reports (or reject the estimate's code) must still get a package, built with the
-    # probes (which then pick an ISA it can target) and exact division, not an eager fallback.
+    # Packages skip inductor's compile probes of the CPU's vector ISA and its extensions
+    # (~10 + 3 s of a first build) and divide floats from the reciprocal estimate; a compiler
+    # that cannot target the ISA the CPU reports (or reject the estimate's code) must still get
+    # a package, built with the probes (which then pick an ISA it can target) and exact
+    # division, not an eager fallback.
+    from torch._inductor import cpu_vec_isa
     from torch._inductor.codegen.cpp import CppVecOverrides
 
     from metasampler.learned import aot, vector_division
     from metasampler.learned.equations import StepConfig
 
-    calls = []
+    calls, check_build = [], cpu_vec_isa.VecISA.check_build
 
     def compile_and_package(program, package_path, inductor_configs):
         fast = CppVecOverrides.reciprocal is vector_division.reciprocal
-        calls.append((inductor_configs.get("cpp.vec_isa_ok"), fast))
+        no_extension_probes = cpu_vec_isa.VecISA.check_build is not check_build
+        calls.append((inductor_configs.get("cpp.vec_isa_ok"), fast, no_extension_probes))
         if inductor_configs.get("cpp.vec_isa_ok") or fast:
             raise RuntimeError("g++: error: unrecognized command-line option '-mavx512f'")
         Path(package_path).write_bytes(b"package")
@@ -1280,9 +1284,10 @@ def test_a_build_that_fails_with_its_shortcuts_is_retried_without_them(tmp_path,
     q_shapes, d_shapes = ((4, 2), (4,), (4,), ()), ((4, 3), (4,), (4,), ())  # one layer of 4
     spec = aot.KernelSpec(cfg, q_shapes, d_shapes, "float32", "cpu", True, True, False, 1)
     aot.build(spec, tmp_path / "step.pt2")
-    assert calls == [(True, True), (None, False)]
+    assert calls == [(True, True, True), (None, False, False)]
     assert (tmp_path / "step.pt2").read_bytes() == b"package"
     assert CppVecOverrides.reciprocal is not vector_division.reciprocal  # (restored)
+    assert cpu_vec_isa.VecISA.check_build is check_build
 
 
 def test_fast_float_division_is_division_to_a_few_ulp():
