@@ -4,9 +4,10 @@ In the compiled NNSGHMC step every hidden unit of every net evaluation divides o
 (softsign's ``1 / (1 + |a|)``, the rational tanh's ``p(a) / q(a)``), and AVX-512's
 division is slow (one port): with 40-unit softsign nets on a 784-40-40-10 MLP the fused loop
 took 29.9 -> 23.9 ms (exact Gamma, 120 divisions per vector) and 36.2 -> 25.7 ms (finite
-differences) when each division became ``rcp14`` (a 14-bit estimate) and one Newton step;
-5- and 10-unit nets, whose few divisions hide behind the other arithmetic, did not change
-(``BENCHMARKS.md``, session 29). That is what :func:`fast_float_division` makes inductor
+differences) when each division became ``rcp14`` (a 14-bit estimate) and one Newton step
+(``BENCHMARKS.md``, session 29). Steps with a per-step friction (the shipped 5- and 10-unit
+MNIST files) have it since session 30: their scalar ``1 / eta`` had made every such build fail
+and fall back to exact division. That is what :func:`fast_float_division` makes inductor
 write, for 16-float vectors only: other vector widths, other dtypes and scalar code keep the
 exact division.
 
