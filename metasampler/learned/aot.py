@@ -9,8 +9,9 @@ eagerly at full speed; the package is loaded (milliseconds) as soon as it is the
 process with the same configuration loads it at once.
 
 A package is keyed by everything it bakes in: the step's switches, the nets' widths, which
-optional inputs are present, dtype, device, thread count, the torch and Python versions and a
-hash of the source files whose code it contains, so an upgrade never loads a stale kernel.
+optional inputs are present, dtype, device, thread count, the CPU, the torch and Python
+versions and a hash of the source files whose code it contains, so an upgrade never loads a
+stale kernel.
 Packages live in ``$METASAMPLER_CACHE_DIR`` (default ``~/.cache/metasampler/compiled``). The
 SHA-256 written beside each one is checked before loading: a truncated or altered file is
 deleted and rebuilt, never loaded. A child still building when the user's script ends finishes
@@ -104,11 +105,23 @@ class KernelSpec:
     def digest(self) -> str:
         """The package's cache key."""
         h = hashlib.sha256(self.to_json().encode())
-        h.update(f"{torch.__version__} {sys.version} {platform.machine()}".encode())
+        h.update(f"{torch.__version__} {sys.version} {_cpu_identity()}".encode())
         here = Path(__file__).parent
         for name in _SOURCES:
             h.update((here / name).read_bytes())
         return h.hexdigest()[:32]
+
+
+@functools.cache
+def _cpu_identity() -> str:
+    """The CPU a package's kernel is compiled for (``-march=native``): architecture, torch's
+    vector capability and, on Linux, the model name, so that a cache directory shared by
+    machines with different CPUs never hands one a kernel built for another."""
+    model = ""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as info:
+            model = next((line for line in info if line.startswith("model name")), "").strip()
+    return f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()} {model}"
 
 
 # -- the flat calling convention of a package ----------------------------------------------
@@ -404,9 +417,27 @@ def _fail(key: str, why: str) -> None:
                   stacklevel=4)  # fmt: skip
 
 
+@contextlib.contextmanager
+def _without_device_comparison() -> Iterator[None]:
+    """Loading a package compares its CPU's vector ISA with this one's, only to log a
+    warning, and finding this CPU's ISA compiles inductor's probes in the user's process: a
+    stall of the sampling loop (~15 s with a fresh inductor cache for the ISA, ~3 s more for
+    bf16 / VNNI / AMX). The package's key holds the CPU (:func:`_cpu_identity`), so a package
+    built on another CPU (a shared cache directory) is never loaded: the comparison is
+    skipped."""
+    from torch._inductor import codecache
+
+    saved = codecache.get_device_information
+    codecache.get_device_information = lambda device_type: {}
+    try:
+        yield
+    finally:
+        codecache.get_device_information = saved
+
+
 def _load(key: str, package: Path) -> Callable | None:
-    try:  # (without the ISA probes: ~1 s rather than ~15 with a fresh inductor cache)
-        with torch._inductor.config.patch(_known(_NO_ISA_PROBES)):
+    try:
+        with _without_device_comparison():
             runner = torch._inductor.aoti_load_package(str(package))
     except Exception as err:  # an incompatible or broken package: stay eager
         _fail(key, f"{type(err).__name__} loading {package}: {err}")

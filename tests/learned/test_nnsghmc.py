@@ -1323,18 +1323,39 @@ def test_fast_float_division_is_division_to_a_few_ulp():
 
 
 def test_a_package_loads_without_the_isa_probes(tmp_path, monkeypatch):
-    # Loading asks inductor for the CPU's ISA (for a warning); with the probes and a fresh
-    # inductor cache that compiled its vector headers four times in the sampling loop (~15 s).
+    # AOTInductor's loader compares the package's CPU ISA with this CPU's (for a warning), and
+    # finding this CPU's ISA compiles inductor's probes in the user's process: with a fresh
+    # inductor cache that stalled the sampling loop ~15 s (the ISA) and ~3 s (bf16/VNNI/AMX).
+    from torch._inductor import codecache, cpu_vec_isa
+
     from metasampler.learned import aot
 
-    seen = []
+    probes = []
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", lambda: probes.append("probed"))
 
-    def load(path):
-        seen.append(torch._inductor.config.cpp.vec_isa_ok)
-        return lambda *flat: flat
+    def load(path):  # (what the loader asks before it loads the package)
+        return torch._inductor.codecache.get_device_information("cpu")
 
     monkeypatch.setattr(torch._inductor, "aoti_load_package", load)
     monkeypatch.setattr(aot, "_RUNNERS", {})
-    before = torch._inductor.config.cpp.vec_isa_ok
-    assert aot._load("key", tmp_path / "step.pt2") is not None
-    assert seen == [True] and torch._inductor.config.cpp.vec_isa_ok == before  # (restored)
+    compare = codecache.get_device_information
+    assert aot._load("key", tmp_path / "step.pt2") == {}
+    assert probes == [] and codecache.get_device_information is compare  # (restored)
+
+
+def test_a_package_built_for_another_cpu_has_another_key(monkeypatch):
+    # Kernels are compiled with -march=native: a cache directory shared by machines with
+    # different CPUs must not hand one a package built on another (illegal instructions).
+    from metasampler.learned import aot
+    from metasampler.learned.equations import StepConfig
+
+    cfg = StepConfig("softsign", "softplus", "exact", True, False, True)
+    q_shapes, d_shapes = ((4, 2), (4,), (4,), ()), ((4, 3), (4,), (4,), ())
+    spec = aot.KernelSpec(cfg, q_shapes, d_shapes, "float32", "cpu", True, True, False, 1)
+    keys = []
+    for cpu in ("x86_64 AVX512 model name : A", "x86_64 AVX512 model name : B"):
+        monkeypatch.setattr(aot, "_cpu_identity", lambda cpu=cpu: cpu)
+        aot.KernelSpec.digest.cache_clear()
+        keys.append(spec.digest())
+    aot.KernelSpec.digest.cache_clear()
+    assert keys[0] != keys[1]
