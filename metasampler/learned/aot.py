@@ -273,8 +273,9 @@ _ONE_LOOP = {"max_fusion_size": 1 << 16}
 # CPU reports by compiling its vector headers once per candidate ISA (four builds, ~10 s of a
 # ~37 s package build on 2 cores, BENCHMARKS.md session 28). The CPU's flags already say which
 # ISA it has; a compiler that cannot target it fails the build, which is then retried with
-# the probes. Loading a package asks for the ISA too (for a warning): with the probes, the first
-# load in a process with a fresh inductor cache stalled the sampling loop ~15 s.
+# the probes (:func:`main`). Loading a package asks for the ISA too (for a warning): with the
+# probes, the first load in a process with a fresh inductor cache stalled the sampling loop
+# ~15 s, so loading skips that question (:func:`_without_device_comparison`).
 _NO_ISA_PROBES = {"cpp.vec_isa_ok": True}
 # AOTInductor precompiles the torch headers a package's C++ includes (~140 MB per header and
 # compiler-flag set, kept in the system's temporary directory for later builds): a machine's
@@ -318,33 +319,35 @@ def inductor_options(cfg: StepConfig) -> dict[str, object]:
 RETRY_NOTICE = "metasampler: the build failed with its shortcuts; building again without them"
 
 
-def _compile_package(program, path: Path, options: dict[str, object]) -> None:
-    """AOTInductor's build, without the ISA probes and with fast float division
-    (:mod:`.vector_division`); if that fails, once more with the probes and exact division."""
-    try:
-        with fast_float_division(), _without_isa_extension_probes():
-            torch._inductor.aoti_compile_and_package(
-                program, package_path=str(path), inductor_configs=options
-            )
-    except Exception as err:  # (the log says why: a retry doubles the build's time)
-        print(f"{RETRY_NOTICE}: {type(err).__name__}: {str(err)[:400]}", flush=True)
+def _compile_package(program, path: Path, options: dict[str, object], shortcuts: bool) -> None:
+    """AOTInductor's build; with ``shortcuts``, without the probes of the CPU's ISA and its
+    extensions and with fast float division (:mod:`.vector_division`)."""
+    if not shortcuts:
         probed = {k: v for k, v in options.items() if k not in _NO_ISA_PROBES}
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(path), inductor_configs=probed
         )
+        return
+    with fast_float_division(), _without_isa_extension_probes():
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(path), inductor_configs=options
+        )
 
 
-def build(spec: KernelSpec, package: Path) -> None:
+def build(spec: KernelSpec, package: Path, shortcuts: bool = True) -> None:
     """Export and compile the step for ``spec`` into ``package`` (with its checksum)."""
     torch.set_num_threads(spec.threads)
     flat, dims = _example_inputs(spec)
-    with torch.no_grad():
-        program = torch.export.export(_Step(spec), tuple(flat), dynamic_shapes=(tuple(dims),))
-        tmp = package.with_name(f"{package.stem}.{os.getpid()}.tmp.pt2")
-        _compile_package(program, tmp, inductor_options(spec.cfg))
-    digest = _sha256(tmp)
-    os.replace(tmp, package)
-    atomic_write_text(_checksum_path(package), digest + "\n")
+    tmp = package.with_name(f"{package.stem}.{os.getpid()}.tmp.pt2")
+    try:
+        with torch.no_grad():
+            program = torch.export.export(_Step(spec), tuple(flat), dynamic_shapes=(tuple(dims),))
+            _compile_package(program, tmp, inductor_options(spec.cfg), shortcuts)
+        digest = _sha256(tmp)
+        os.replace(tmp, package)
+        atomic_write_text(_checksum_path(package), digest + "\n")
+    finally:
+        tmp.unlink(missing_ok=True)  # (what a failed attempt left)
 
 
 # -- the parent's side: build in the background, load when ready -------------------------
@@ -384,11 +387,10 @@ def _intact(package: Path) -> bool:
     return False
 
 
-def start_child(entry: str, argv: list[str], log: Path) -> subprocess.Popen:
-    """A fresh interpreter running ``function(argv)`` for ``entry = "module.function"`` of
-    ``metasampler.learned`` (this copy of the package), with one compile thread, its output
-    written to ``log``; the process exits with the function's return value."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+def _child_command(entry: str, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a fresh interpreter running ``function(argv)`` for
+    ``entry = "module.function"`` of ``metasampler.learned`` (this copy of the package), with
+    one compile thread; the process exits with the function's return value."""
     root = str(Path(__file__).resolve().parents[2])  # so the child imports this metasampler
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
@@ -396,10 +398,16 @@ def start_child(entry: str, argv: list[str], log: Path) -> subprocess.Popen:
     module, function = entry.split(".")
     code = f"import sys; from metasampler.learned.{module} import {function} as f; "
     code += "sys.exit(f(sys.argv[1:]))"
+    return [sys.executable, "-c", code, *argv], env
+
+
+def start_child(entry: str, argv: list[str], log: Path) -> subprocess.Popen:
+    """:func:`_child_command`'s process, started in the background, its output written to
+    ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command, env = _child_command(entry, argv)
     with log.open("w") as out:  # (the child keeps its own handle)
-        return subprocess.Popen(
-            [sys.executable, "-c", code, *argv], env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def _start(spec: KernelSpec, package: Path) -> subprocess.Popen:
@@ -526,12 +534,28 @@ def stop_builds() -> None:
     _BUILDS.clear()
 
 
+NO_SHORTCUTS = "--no-shortcuts"
+
+
 def main(argv: list[str]) -> int:
-    """Build one package: ``argv = [SPEC_JSON, PACKAGE]`` (what the child process runs)."""
-    if len(argv) != 2:
-        print("usage: python -m metasampler.learned.aot SPEC_JSON PACKAGE", file=sys.stderr)
+    """Build one package: ``argv = [SPEC_JSON, PACKAGE]`` (what the child process runs), then
+    ``NO_SHORTCUTS`` for a build without the shortcuts. A build that fails with them is
+    retried without them in a fresh interpreter: inductor keeps its choice of the CPU's ISA
+    for the life of a process, so a retry in the same one would not probe it."""
+    shortcuts = argv[-1:] != [NO_SHORTCUTS]
+    args = argv if shortcuts else argv[:-1]
+    if len(args) != 2:
+        print(f"usage: python -m metasampler.learned.aot SPEC_JSON PACKAGE [{NO_SHORTCUTS}]",
+              file=sys.stderr)  # fmt: skip
         return 2
-    build(KernelSpec.from_json(argv[0]), Path(argv[1]))
+    try:
+        build(KernelSpec.from_json(args[0]), Path(args[1]), shortcuts)
+    except Exception as err:
+        if not shortcuts:
+            raise
+        print(f"{RETRY_NOTICE}: {type(err).__name__}: {str(err)[:400]}", flush=True)
+        command, env = _child_command("aot.main", [*args, NO_SHORTCUTS])
+        return subprocess.run(command, env=env).returncode  # (into this child's log)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -1257,12 +1258,15 @@ def test_the_package_is_built_with_fmas_and_exact_steps_as_one_loop():
     assert options("finite_difference") == contract
 
 
-def test_a_build_that_fails_with_its_shortcuts_is_retried_without_them(tmp_path, monkeypatch):
+def test_a_build_that_fails_with_its_shortcuts_is_retried_without_them(
+    tmp_path, monkeypatch, capsys
+):
     # Packages skip inductor's compile probes of the CPU's vector ISA and its extensions
     # (~10 + 3 s of a first build) and divide floats from the reciprocal estimate; a compiler
     # that cannot target the ISA the CPU reports (or reject the estimate's code) must still get
     # a package, built with the probes (which then pick an ISA it can target) and exact
-    # division, not an eager fallback.
+    # division, not an eager fallback. Inductor keeps its ISA choice for the life of a process,
+    # so the retry runs in a fresh interpreter.
     from torch._inductor import cpu_vec_isa
     from torch._inductor.codegen.cpp import CppVecOverrides
 
@@ -1283,11 +1287,26 @@ def test_a_build_that_fails_with_its_shortcuts_is_retried_without_them(tmp_path,
     cfg = StepConfig("softsign", "softplus", "exact", True, False, True)
     q_shapes, d_shapes = ((4, 2), (4,), (4,), ()), ((4, 3), (4,), (4,), ())  # one layer of 4
     spec = aot.KernelSpec(cfg, q_shapes, d_shapes, "float32", "cpu", True, True, False, 1)
-    aot.build(spec, tmp_path / "step.pt2")
+    package = tmp_path / "step.pt2"
+    retries = []
+
+    def run(command, env):  # (the fresh interpreter, here in this process)
+        retries.append(command[3:])
+        return subprocess.CompletedProcess(command, aot.main(command[3:]))
+
+    monkeypatch.setattr(aot.subprocess, "run", run)
+    assert aot.main([spec.to_json(), str(package)]) == 0
     assert calls == [(True, True, True), (None, False, False)]
-    assert (tmp_path / "step.pt2").read_bytes() == b"package"
+    assert retries == [[spec.to_json(), str(package), aot.NO_SHORTCUTS]]
+    assert aot.RETRY_NOTICE in capsys.readouterr().out
+    assert package.read_bytes() == b"package" and aot._intact(package)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step.pt2", "step.sha256"]
     assert CppVecOverrides.reciprocal is not vector_division.reciprocal  # (restored)
     assert cpu_vec_isa.VecISA.check_build is check_build
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # (a build without shortcuts is not retried)
+        aot.main([spec.to_json(), str(package), aot.NO_SHORTCUTS])
+    assert len(retries) == 1
 
 
 def test_fast_float_division_is_division_to_a_few_ulp():
