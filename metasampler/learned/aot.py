@@ -51,8 +51,11 @@ __all__ = [
 CACHE_ENV = "METASAMPLER_CACHE_DIR"
 # The files whose code a package contains: a change to any of them gives new keys.
 _SOURCES = ("equations.py", "nets.py", "aot.py", "vector_division.py", "../integrators.py")
-# Example sizes for export: K != D and both > 1, so neither is specialised to a constant.
-_EXAMPLE_K, _EXAMPLE_D = 3, 7
+# Example sizes for export: K != D and both > 1, so neither is specialised to a constant, and
+# as large as a real problem: inductor sizes the loop's threads from them. With 3 x 7 a step
+# for 2 threads compiled to a loop on one (10-unit floor step, 784-40-40-10 MLP, K = 20:
+# 6.9-8.0 ms per call against 3.9-4.4 ms with these sizes; BENCHMARKS.md session 30).
+_EXAMPLE_K, _EXAMPLE_D = 20, 4099
 
 
 @dataclass(frozen=True)

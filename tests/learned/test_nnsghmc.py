@@ -751,6 +751,28 @@ def test_compiled_sampling_step_matches_the_eager_step(hidden, gamma, case, tmp_
     torch.testing.assert_close(again.theta, got.theta, atol=0, rtol=0)
 
 
+@pytest.mark.slow
+def test_a_package_for_two_threads_runs_its_loop_on_both(tmp_path):
+    # Inductor sizes a loop's threads from the export's example sizes: with a tiny example the
+    # step for 2 threads was one single-threaded loop (1.7x SGHMC's step, which uses both).
+    import zipfile
+
+    from metasampler.learned import aot, fast
+    from metasampler.learned.equations import StepConfig
+
+    if fast.compile_unavailable(torch.device("cpu")):
+        pytest.skip("no compiler for the compiled step")
+    cfg = StepConfig("softsign", "softplus", "exact", True, False, True)
+    q_shapes, d_shapes = ((4, 2), (4,), (4,), ()), ((4, 3), (4,), (4,), ())
+    spec = aot.KernelSpec(cfg, q_shapes, d_shapes, "float32", "cpu", True, True, False, 2)
+    package = tmp_path / "step.pt2"
+    command, env = aot._child_command("aot.main", [spec.to_json(), str(package)])
+    subprocess.run(command, env=env, check=True, capture_output=True)
+    with zipfile.ZipFile(package) as archive:
+        (kernel,) = [name for name in archive.namelist() if name.endswith("kernel.cpp")]
+        assert b"#pragma omp parallel" in archive.read(kernel)
+
+
 def test_an_altered_compiled_package_is_deleted_not_loaded(tmp_path):
     from metasampler.learned import aot
 
