@@ -35,6 +35,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch import Tensor
@@ -291,19 +292,13 @@ _NO_HEADER_PRECOMPILE = {"aot_inductor.precompile_headers": False}
 _FAST_WRAPPER_BUILD = {"aot_inductor.compile_wrapper_opt_level": "O0"}
 
 
-@contextlib.contextmanager
-def _without_isa_extension_probes() -> Iterator[None]:
+def _without_isa_extension_probes() -> contextlib.AbstractContextManager:
     """Within the block, inductor's probes of the CPU's bf16, VNNI and AMX instructions (six
     small compiles, ~3 s of a first build) report them missing: the float32 step uses none of
     them, and the kernel is compiled with ``-march=native`` either way."""
     from torch._inductor import cpu_vec_isa
 
-    saved = cpu_vec_isa.VecISA.check_build
-    cpu_vec_isa.VecISA.check_build = lambda self, code: False
-    try:
-        yield
-    finally:
-        cpu_vec_isa.VecISA.check_build = saved
+    return mock.patch.object(cpu_vec_isa.VecISA, "check_build", lambda self, code: False)
 
 
 def _known(options: dict[str, object]) -> dict[str, object]:
@@ -428,8 +423,7 @@ def _fail(key: str, why: str) -> None:
                   stacklevel=4)  # fmt: skip
 
 
-@contextlib.contextmanager
-def _without_device_comparison() -> Iterator[None]:
+def _without_device_comparison() -> contextlib.AbstractContextManager:
     """Loading a package compares its CPU's vector ISA with this one's, only to log a
     warning, and finding this CPU's ISA compiles inductor's probes in the user's process: a
     stall of the sampling loop (~15 s with a fresh inductor cache for the ISA, ~3 s more for
@@ -438,12 +432,7 @@ def _without_device_comparison() -> Iterator[None]:
     skipped."""
     from torch._inductor import codecache
 
-    saved = codecache.get_device_information
-    codecache.get_device_information = lambda device_type: {}
-    try:
-        yield
-    finally:
-        codecache.get_device_information = saved
+    return mock.patch.object(codecache, "get_device_information", lambda device_type: {})
 
 
 def _load(key: str, package: Path) -> Callable | None:

@@ -24,7 +24,7 @@ and a build that fails with it is retried without it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from unittest import mock
 
 # 1 / v: the 14-bit estimate r, then r + r (1 - v r) (one Newton step: ~28 bits before rounding).
 _NEWTON = (
@@ -59,23 +59,15 @@ def truediv(a: str, b: str) -> str:
     return _TRUEDIV.format(test=test, newton=_NEWTON.format(v="d_"), a=a, b=b)
 
 
-@contextlib.contextmanager
-def fast_float_division() -> Iterator[None]:
+def fast_float_division() -> contextlib.AbstractContextManager:
     """Within the block, inductor's C++ vector code divides floats as this module says (a
     no-op on a torch whose code generator lacks the hooks)."""
     try:
         from torch._inductor.codegen.cpp import CppVecOverrides
     except ImportError:
-        yield
-        return
-    saved = {name: CppVecOverrides.__dict__.get(name) for name in ("reciprocal", "truediv")}
-    if None in saved.values():
-        yield
-        return
-    CppVecOverrides.reciprocal = staticmethod(reciprocal)
-    CppVecOverrides.truediv = staticmethod(truediv)
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(CppVecOverrides, name, method)
+        return contextlib.nullcontext()
+    if not {"reciprocal", "truediv"} <= CppVecOverrides.__dict__.keys():
+        return contextlib.nullcontext()
+    return mock.patch.multiple(
+        CppVecOverrides, reciprocal=staticmethod(reciprocal), truediv=staticmethod(truediv)
+    )
