@@ -49,6 +49,11 @@ Usage::
 
     .venv/bin/python speed/bench_nnsghmc_overhead.py             # all, writes BENCHMARKS.md
     .venv/bin/python speed/bench_nnsghmc_overhead.py --quick     # smoke run, prints only
+    .venv/bin/python speed/bench_nnsghmc_overhead.py --quick --parts sampling --threads 2 \
+        --only floor_5units floor_softsign "40-unit softsign"   # some rows, two threads
+
+Every process runs one intra-op thread unless ``--threads`` says otherwise; a compiled step's
+package is built for the thread count it runs with.
 """
 
 from __future__ import annotations
@@ -208,8 +213,8 @@ def time_meta(target, init, hidden: int, window: int, repeats: int, eta: float):
 
 
 FIRST_USE = """
-import sys, time, torch
-torch.set_num_threads(1)
+import os, sys, time, torch
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 sys.path.insert(0, {bench!r})
 t0 = time.perf_counter()
 from bench_nnsghmc_overhead import mlp_target, SHIPPED
@@ -232,11 +237,11 @@ print(f"{{t1 - t0:.2f}} {{t2 - t1:.2f}} {{t3 - t1:.2f}}")
 """
 
 
-def first_use() -> dict[str, list[float]]:
+def first_use(threads: int) -> dict[str, list[float]]:
     out = {}
     for kind in ("sghmc", "nnsghmc"):
         with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": "1",
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": str(threads),
                    "METASAMPLER_CACHE_DIR": cache, "TMPDIR": cache}  # fmt: skip
             env.pop("METASAMPLER_COMPILE", None)
             code = FIRST_USE.format(bench=str(Path(__file__).parent))
@@ -265,15 +270,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parts", nargs="+", default=["sampling", "meta", "first-use"])
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads of every process (default 1)"
+    )
+    parser.add_argument(
+        "--only", nargs="+", default=None, metavar="TEXT",
+        help="sampling rows whose name contains one of these (SGHMC is always timed)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     repeats = args.repeats or (2 if args.quick else 7)
     load_before = os.getloadavg()
     lines = []
     if "sampling" in args.parts:
         target, init = mlp_target((40, 40))
-        res = summary(time_sampling(target, sampling_variants(), init, 5, 3, repeats))
-        lines += ["| sampling, 784-40-40-10 MLP, K = 20, batch 500 | ms/step | ratio to SGHMC |",
+        variants = sampling_variants()
+        if args.only:
+            variants = {
+                name: s for name, s in variants.items()
+                if name == "SGHMC" or any(text in name for text in args.only)
+            }  # fmt: skip
+        res = summary(time_sampling(target, variants, init, 5, 3, repeats))
+        title = f"sampling, 784-40-40-10 MLP, K = 20, batch 500, {args.threads} thread(s)"
+        lines += [f"| {title} | ms/step | ratio to SGHMC |",
                   "|---|---:|---:|"]  # fmt: skip
         lines += [f"| {n} | {ms:.1f} | {r:.2f}x |" for n, (ms, r) in res.items()]
         lines.append("")
@@ -292,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(rows), flush=True)
         lines += rows + [""]
     if "first-use" in args.parts:
-        fu = first_use()
+        fu = first_use(args.threads)
         rows = [
             "| fresh process, empty compile cache | import + setup s | first step s | 30 steps s |",
             "|---|---:|---:|---:|",
