@@ -252,7 +252,10 @@ def _split(blob: bytes, fail) -> tuple[dict, bytes]:
     if n > MAX_JSON_BYTES:
         fail(f"its safetensors header claims {n} bytes (at most {MAX_JSON_BYTES})")
     if 8 + n > len(blob):
-        fail(f"its safetensors header claims {n} bytes but the file has {len(blob) - 8} more")
+        fail(
+            f"its safetensors header is {n} bytes long but only {len(blob) - 8} bytes follow "
+            "its length field (truncated?)"
+        )
     outer = parse_json(blob[8 : 8 + n], "safetensors header", fail)
     if not isinstance(outer, dict):
         fail("its safetensors header is not a JSON object")
