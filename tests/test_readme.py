@@ -92,3 +92,19 @@ def test_quickstart_toy_part_runs(capsys):
     assert len(rows) == 1
     values = [float(v) for v in rows[0].strip("|").split("|")[1:]]
     assert all(v == v and v >= 0 for v in values)  # KL, ESS and seconds are finite numbers
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--n-steps", "-5"), ("--n-chains", "x"), ("--eta", "nan"), ("--threads", "0")],
+)
+def test_quickstart_rejects_a_bad_number_before_any_work(flag, value, capsys):
+    sys.path.insert(0, str(ROOT))
+    try:
+        import quickstart
+    finally:
+        sys.path.remove(str(ROOT))
+    with pytest.raises(SystemExit) as exit_:
+        quickstart.main([flag, value, "--no-transfer"])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: must be" in capsys.readouterr().err
