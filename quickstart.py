@@ -30,17 +30,16 @@ short Bayesian-neural-network transfer benchmark (004 §5.2).
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 import metasampler as ms
 from metasampler.benchmark.gaussian import TEST_GRAD_NOISE_STD, gaussian_benchmark
+from metasampler.cli import positive_float, positive_int
 from tasks.toy import paper_test_gaussian
 
 ROOT = Path(__file__).resolve().parent
@@ -71,22 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     return _transfer_benchmark()
 
 
-def _positive(kind: type) -> Callable[[str], int | float]:
-    """An argparse type: a finite ``kind`` (int or float) > 0, else a usage error."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not (math.isfinite(value) and value > 0):
-            noun = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"must be {noun} > 0, got {text!r}")
-        return value
-
-    return parse
-
-
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -94,13 +77,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sampler", default=str(PRETRAINED), help="trained sampler file")
     parser.add_argument("--train", action="store_true", help="meta-train a sampler first")
     parser.add_argument(
-        "--epochs", type=_positive(int), default=100, help="meta-training epochs (--train)"
+        "--epochs", type=positive_int, default=100, help="meta-training epochs (--train)"
     )
-    parser.add_argument("--n-steps", type=_positive(int), default=3000)
-    parser.add_argument("--n-chains", type=_positive(int), default=50)
-    parser.add_argument("--eta", type=_positive(float), default=0.025)
+    parser.add_argument("--n-steps", type=positive_int, default=3000)
+    parser.add_argument("--n-chains", type=positive_int, default=50)
+    parser.add_argument("--eta", type=positive_float, default=0.025)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--threads", type=_positive(int), default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument(
         "--noise",
         choices=NOISE_MODES,

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent
 
 
 def main(argv: list[str] | None = None) -> int:
+    from metasampler.cli import positive_int
     from reproduction import EXPERIMENTS, experiment_module
     from reproduction.common import ConfigError, load_experiment_config, write_outputs
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
     parser.add_argument("--config", help="YAML config (default configs/reproduce/<exp>.yaml)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "reproduction"))
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_intermixed_args(argv)
 

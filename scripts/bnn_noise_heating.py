@@ -37,6 +37,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from metasampler.cli import positive_int  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -45,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(ROOT / "configs" / "eval" / "mnist_nt.yaml"))
     parser.add_argument("--sampler", default="mnist_mlp_stiffness_softsign")
     parser.add_argument("--lr", type=float, default=0.072, help="per-batch learning rate")
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--steps", type=positive_int, default=600)
+    parser.add_argument("--batches", type=positive_int, default=40)
     parser.add_argument("--temperature", action="store_true", help="measure mean p^2 instead")
-    parser.add_argument("--chains", type=int, default=5, help="--temperature: chains")
+    parser.add_argument("--chains", type=positive_int, default=5, help="--temperature: chains")
     parser.add_argument("--friction-per-step", type=float, default=0.1, help="SGHMC's a")
     parser.add_argument(
         "--noise-estimate",

@@ -29,6 +29,8 @@ import torch
 # The application packages (tasks, experiments) live in the repository, not in the wheel.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from metasampler.cli import positive_int  # noqa: E402
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -37,9 +39,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", required=True)
     parser.add_argument("--lr", type=float, required=True, help="per-batch learning rate")
     parser.add_argument("--sampler", default=None)
-    parser.add_argument("--n-chains", type=int, default=4)
-    parser.add_argument("--n-steps", type=int, default=400)
-    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--n-chains", type=positive_int, default=4)
+    parser.add_argument("--n-steps", type=positive_int, default=400)
+    parser.add_argument("--every", type=positive_int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--alpha-per-step", type=float, default=None, help="override the config's value"

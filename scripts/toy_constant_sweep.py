@@ -19,6 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from metasampler.cli import positive_int  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--q", type=float, nargs="+", default=[2.0, 3.0, 4.0])
     parser.add_argument("--d", type=float, nargs="+", default=[1.0, 2.0, 3.0])
     parser.add_argument("--eta", type=float, default=0.025)
-    parser.add_argument("--n-steps", type=int, default=12_000)
+    parser.add_argument("--n-steps", type=positive_int, default=12_000)
     parser.add_argument("--seed", type=int, default=0, help="seed of the test chains")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from toy_eval import trained_with_normalised_energy  # noqa: E402
 
 import metasampler as ms  # noqa: E402
+from metasampler.cli import positive_int  # noqa: E402
 from metasampler.diagnostics.divergences import gaussian_kl  # noqa: E402
 from tasks.toy import GaussianTask, paper_test_gaussian, paper_train_gaussian  # noqa: E402
 
@@ -128,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("samplers", nargs="+", help="sampler files, or 'sghmc'")
-    parser.add_argument("--steps", type=int, default=2000, help="steps of the stationary run")
+    parser.add_argument(
+        "--steps", type=positive_int, default=2000, help="steps of the stationary run"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     for path in args.samplers:

@@ -26,6 +26,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from metasampler.cli import positive_float, positive_int  # noqa: E402
+
 
 def trained_with_normalised_energy(path: Path) -> bool:
     """``task.energy_log_normaliser`` of the run that wrote ``path`` (from the provenance in
@@ -44,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("samplers", nargs="+", type=Path)
-    parser.add_argument("--n-steps", type=int, default=12_000)
-    parser.add_argument("--n-chains", type=int, default=50)
-    parser.add_argument("--eta", type=float, default=0.025)
+    parser.add_argument("--n-steps", type=positive_int, default=12_000)
+    parser.add_argument("--n-chains", type=positive_int, default=50)
+    parser.add_argument("--eta", type=positive_float, default=0.025)
     parser.add_argument("--seed", type=int, default=0, help="seed of the test chains")
     parser.add_argument("--normalised-energy", choices=("auto", "yes", "no"), default="auto")
     parser.add_argument(
