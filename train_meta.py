@@ -3,9 +3,9 @@
     python train_meta.py --config configs/toy_gaussian.yaml [key=value ...] [--resume]
 
 Writes to ``<out_dir>/<name>/``: ``config.yaml``, TensorBoard logs (``tb/``), ``scalars.csv``,
-``checkpoint.pt`` (atomic, every ``train.checkpoint_every`` epochs) and the trained sampler
-``sampler.safetensors`` (load with ``metasampler.load_sampler``). ``--resume`` continues an
-interrupted run from its last checkpoint; a fixed seed gives a reproducible run.
+``checkpoint.pt`` (atomic and checksummed, every ``train.checkpoint_every`` epochs) and the
+trained sampler ``sampler.safetensors`` (load with ``metasampler.load_sampler``). ``--resume``
+continues an interrupted run from its last checkpoint; a fixed seed gives a reproducible run.
 
     torchrun --nproc_per_node=2 train_meta.py --config configs/toy_gaussian.yaml
 

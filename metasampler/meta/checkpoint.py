@@ -1,5 +1,10 @@
 """Checkpoints of meta-training: what a run depends on, written atomically, read back.
 
+A checkpoint file is one line ``metasampler-checkpoint sha256 <hex digest>`` and then the
+``torch.save`` bytes it digests: an altered or truncated file is refused on resume
+(:class:`CheckpointError`), never loaded (``torch.load`` itself checks no tensor data). Files
+without the line (written before it existed) load with a warning that they cannot be checked.
+
 Checkpoints are written at epoch boundaries. Chains restart at every epoch (also with
 ``continue_chains``, which continues them only across an epoch's sub-epochs), so the nets,
 the optimiser, the replay pool, the random streams and the history are everything a run
@@ -8,7 +13,9 @@ depends on: ``resume`` continues bit-for-bit like an uninterrupted run.
 
 from __future__ import annotations
 
-import os
+import hashlib
+import io
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,13 +24,16 @@ import torch
 from torch import Tensor
 
 from .. import distributed
+from ..files import atomic_write_bytes
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "CheckpointError",
     "RESUMABLE_KEYS",
     "CheckpointMixin",
     "History",
     "check_checkpoint_matches",
+    "read_checkpoint",
     "save_checkpoint",
 ]
 
@@ -44,11 +54,48 @@ def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v.cpu() if isinstance(v, Tensor) else v for k, v in state.items()}
 
 
+_MAGIC = b"metasampler-checkpoint sha256 "
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be resumed from: unreadable, altered or truncated."""
+
+
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """``torch.save`` to a temporary file, then an atomic rename: never a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    """``torch.save`` the payload behind its SHA-256 line, written atomically (a temporary
+    file, fsync, rename): never a half-written file."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    body = buffer.getvalue()
+    digest = hashlib.sha256(body).hexdigest().encode()
+    atomic_write_bytes(path, _MAGIC + digest + b"\n" + body)
+
+
+def read_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The payload of the checkpoint at ``path``, after checking its SHA-256.
+
+    Raises:
+        CheckpointError: the file is not a checkpoint, or its bytes differ from those written.
+    """
+    data = path.read_bytes()
+    if data.startswith(_MAGIC):
+        header, _, body = data.partition(b"\n")
+        if hashlib.sha256(body).hexdigest().encode() != header[len(_MAGIC) :]:
+            raise CheckpointError(
+                f"{path} does not match its SHA-256 (altered or truncated): not resumed; "
+                "start the run again or restore the file"
+            )
+    else:
+        body = data
+        warnings.warn(
+            f"{path} has no checksum line (written before metasampler checked checkpoints): "
+            "loaded unchecked",
+            stacklevel=2,
+        )
+    try:
+        return torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+    except Exception as err:  # truncated / not a checkpoint
+        raise CheckpointError(f"{path} is not a readable metasampler checkpoint: {err}") from err
 
 
 #: Config keys a resumed run may change: where and how it runs, how it reports, and
@@ -227,8 +274,6 @@ class CheckpointMixin:
         # (Other ranks get rank 0's copy: load it on the CPU, each maps it to its device.)
         device = self.device if self.world == 1 else "cpu"
         try:
-            return torch.load(path, map_location=device, weights_only=True)
-        except Exception as err:  # corrupted / truncated / not a checkpoint
-            error = ValueError(f"{path} is not a readable metasampler checkpoint: {err}")
-            error.__cause__ = err
-            return error
+            return read_checkpoint(path, device)
+        except CheckpointError as err:
+            return err

@@ -55,6 +55,7 @@ from metasampler.distributed import (
     shard_sizes,
 )
 from metasampler.learned import NNSGHMC
+from metasampler.meta.checkpoint import read_checkpoint
 from metasampler.meta.losses import InChainCollector, combined_loss, cross_chain_loss
 from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError
 from metasampler.samplers import SGHMC, SGLD
@@ -551,7 +552,7 @@ def test_torchrun_train_meta_and_evaluate_end_to_end(tmp_path):
     done = _torchrun(*train, "train.epochs=2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("sampler saved") == 1  # rank 0 alone reports and writes
-    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    state = read_checkpoint(run_dir / "checkpoint.pt")
     assert state["world_size"] == WORLD and len(state["ranks"]) == WORLD
     resumed = _torchrun(*train, "train.epochs=3", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from experiments.run_config import load_config
 from metasampler.config import ConfigError, TrainConfig
 from metasampler.learned import NNSGHMC
 from metasampler.meta import update as update_module
+from metasampler.meta.checkpoint import CheckpointError, read_checkpoint
 from metasampler.meta.trainer import MetaTrainer, TrainingDivergedError
 from tasks.registry import ProblemFamily
 from tasks.toy import gaussian
@@ -130,7 +132,7 @@ def test_nan_loss_stops_training_and_keeps_last_good_checkpoint(tmp_path, monkey
     run_dir = tmp_path / "run"
     with pytest.raises(TrainingDivergedError, match="non-finite meta-loss.*kept at"):
         train(run_dir, small_settings(checkpoint_every=1))
-    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    state = read_checkpoint(run_dir / "checkpoint.pt")
     assert state["epoch"] == 2
     assert all(torch.isfinite(v).all() for v in state["sampler"].values() if v.is_floating_point())
 
@@ -301,7 +303,41 @@ def test_cli_run_writes_logs_checkpoint_and_a_loadable_sampler(tmp_path):
     resumed = cli("--resume", "train.epochs=3")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stdout and "after epoch 2" in resumed.stdout
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"] == 3
+    assert read_checkpoint(run_dir / "checkpoint.pt")["epoch"] == 3
+
+
+def test_resume_refuses_an_altered_checkpoint_and_warns_on_an_unchecked_one(tmp_path):
+    def trainer(epochs: int) -> MetaTrainer:
+        return MetaTrainer(
+            NNSGHMC(eta=0.02, q_hidden=(8,), d_hidden=(8,), seed=0),
+            toy_family(),
+            small_settings(epochs=epochs),
+            run_dir=tmp_path,
+            seed=0,
+            progress=False,
+        )
+
+    trainer(1).train()
+    path = tmp_path / "checkpoint.pt"
+    good = path.read_bytes()
+    assert trainer(2).resume() == 1
+    altered = bytearray(good)
+    altered[len(good) // 2] ^= 0x01  # one bit of the tensors torch.load would accept
+    path.write_bytes(bytes(altered))
+    with pytest.raises(CheckpointError, match="does not match its SHA-256"):
+        trainer(2).resume()
+    path.write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match="checkpoint.pt"):
+        trainer(2).resume()
+    # A checkpoint written before the checksum line loads, with a warning.
+    torch.save(read_checkpoint_body(good), path)
+    with pytest.warns(UserWarning, match="no checksum line"):
+        assert trainer(2).resume() == 1
+
+
+def read_checkpoint_body(data: bytes) -> dict:
+    """The payload of a checkpoint's bytes, as a file without the checksum line holds it."""
+    return torch.load(io.BytesIO(data.partition(b"\n")[2]), weights_only=True)
 
 
 def _config_dict(*overrides: str) -> dict:
