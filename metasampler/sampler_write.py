@@ -140,6 +140,9 @@ def _atomic_save(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+    except safetensors.SafetensorError as err:  # (its I/O errors name only the temporary file)
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"cannot write the sampler file {str(path)!r}: {err}") from err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -376,6 +376,19 @@ def test_interrupted_save_leaves_no_partial_file(tmp_path, monkeypatch):
     assert load_sampler(path).eta == 0.05
 
 
+def test_a_failed_write_names_the_sampler_file_not_its_temporary(tmp_path, monkeypatch):
+    def fail(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise safetensors.SafetensorError(f"I/O error at path {filename}")
+
+    path = tmp_path / "s.safetensors"
+    monkeypatch.setattr(safetensors.torch, "save_file", fail)
+    with pytest.raises(OSError, match=re.escape(f"cannot write the sampler file {str(path)!r}")):
+        save_sampler(make_sampler(), path)
+    assert not path.exists()
+    assert leftovers(tmp_path) == []
+
+
 def test_temporary_files_of_killed_saves_are_removed_at_the_next_save(tmp_path):
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                            capture_output=True, text=True, check=True)  # fmt: skip
