@@ -1,18 +1,38 @@
-"""Writing files so that an interruption leaves the old file or the new one, never half of one,
-and converting results to strict JSON."""
+"""Writing files so that an interruption leaves the old file or the new one, never half of one;
+``torch.save`` files that carry their SHA-256 (checkpoints, an evaluation's finished methods);
+converting results to strict JSON."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import math
 import os
 import uuid
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "jsonable"]
+__all__ = [
+    "CorruptFileError",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "jsonable",
+    "load_checksummed",
+    "save_checksummed",
+]
+
+# A checksummed file: this prefix, the hex SHA-256 of the rest after the line, a newline, then
+# the ``torch.save`` bytes (``torch.load`` itself checks no tensor data: one flipped bit loads).
+_MAGIC = b"metasampler-checkpoint sha256 "
+
+
+class CorruptFileError(ValueError):
+    """A file written by :func:`save_checksummed` that is unreadable, altered or truncated."""
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -33,6 +53,43 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """:func:`atomic_write_bytes` for UTF-8 text."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def save_checksummed(path: str | os.PathLike, payload: dict[str, Any]) -> None:
+    """``torch.save`` ``payload`` behind its SHA-256 line, written atomically."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    body = buffer.getvalue()
+    digest = hashlib.sha256(body).hexdigest().encode()
+    atomic_write_bytes(path, _MAGIC + digest + b"\n" + body)
+
+
+def load_checksummed(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu"
+) -> dict[str, Any]:
+    """What :func:`save_checksummed` wrote to ``path``, after checking its SHA-256 (tensors,
+    containers and plain values only: ``weights_only``). A file without the line (a
+    checkpoint written before it existed) loads with a warning that it cannot be checked.
+
+    Raises:
+        CorruptFileError: the file is unreadable, or its bytes differ from those written.
+    """
+    data = Path(path).read_bytes()
+    if data.startswith(_MAGIC):
+        header, _, body = data.partition(b"\n")
+        if hashlib.sha256(body).hexdigest().encode() != header[len(_MAGIC) :]:
+            raise CorruptFileError(f"{path} does not match its SHA-256 (altered or truncated)")
+    else:
+        body = data
+        warnings.warn(
+            f"{path} has no checksum line (written before metasampler checked its files): "
+            "loaded unchecked",
+            stacklevel=2,
+        )
+    try:
+        return torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+    except Exception as err:  # truncated / not such a file
+        raise CorruptFileError(f"{path} is not readable: {err}") from err
 
 
 def jsonable(value: Any, *, as_text: bool = False) -> Any:

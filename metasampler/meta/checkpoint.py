@@ -1,9 +1,8 @@
 """Checkpoints of meta-training: what a run depends on, written atomically, read back.
 
-A checkpoint file is one line ``metasampler-checkpoint sha256 <hex digest>`` and then the
-``torch.save`` bytes it digests: an altered or truncated file is refused on resume
-(:class:`CheckpointError`), never loaded (``torch.load`` itself checks no tensor data). Files
-without the line (written before it existed) load with a warning that they cannot be checked.
+A checkpoint carries its SHA-256 (:func:`metasampler.files.save_checksummed`): an altered or
+truncated file is refused on resume (:class:`CheckpointError`), never loaded. Files written
+before the checksum existed load with a warning that they cannot be checked.
 
 Checkpoints are written at epoch boundaries. Chains restart at every epoch (also with
 ``continue_chains``, which continues them only across an epoch's sub-epochs), so the nets,
@@ -13,9 +12,6 @@ depends on: ``resume`` continues bit-for-bit like an uninterrupted run.
 
 from __future__ import annotations
 
-import hashlib
-import io
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .. import distributed
-from ..files import atomic_write_bytes
+from ..files import CorruptFileError, load_checksummed, save_checksummed
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -54,21 +50,13 @@ def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v.cpu() if isinstance(v, Tensor) else v for k, v in state.items()}
 
 
-_MAGIC = b"metasampler-checkpoint sha256 "
-
-
-class CheckpointError(ValueError):
+class CheckpointError(CorruptFileError):
     """A checkpoint file that cannot be resumed from: unreadable, altered or truncated."""
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """``torch.save`` the payload behind its SHA-256 line, written atomically (a temporary
-    file, fsync, rename): never a half-written file."""
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    body = buffer.getvalue()
-    digest = hashlib.sha256(body).hexdigest().encode()
-    atomic_write_bytes(path, _MAGIC + digest + b"\n" + body)
+    """Write ``payload`` with its SHA-256, atomically: never a half-written file."""
+    save_checksummed(path, payload)
 
 
 def read_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -77,25 +65,12 @@ def read_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     Raises:
         CheckpointError: the file is not a checkpoint, or its bytes differ from those written.
     """
-    data = path.read_bytes()
-    if data.startswith(_MAGIC):
-        header, _, body = data.partition(b"\n")
-        if hashlib.sha256(body).hexdigest().encode() != header[len(_MAGIC) :]:
-            raise CheckpointError(
-                f"{path} does not match its SHA-256 (altered or truncated): not resumed; "
-                "start the run again or restore the file"
-            )
-    else:
-        body = data
-        warnings.warn(
-            f"{path} has no checksum line (written before metasampler checked checkpoints): "
-            "loaded unchecked",
-            stacklevel=2,
-        )
     try:
-        return torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
-    except Exception as err:  # truncated / not a checkpoint
-        raise CheckpointError(f"{path} is not a readable metasampler checkpoint: {err}") from err
+        return load_checksummed(path, map_location)
+    except CorruptFileError as err:
+        raise CheckpointError(
+            f"{err}: not resumed; start the run again or restore the file"
+        ) from err
 
 
 #: Config keys a resumed run may change: where and how it runs, how it reports, and
