@@ -1,6 +1,6 @@
 """Transfer-generalisation benchmark: a meta-trained NNSGHMC against the SG-MCMC baselines.
 
-    python evaluate.py --config configs/eval/quick.yaml [--sampler PATH] [key=value ...]
+    python evaluate.py --config configs/eval/quick.yaml [--sampler PATH] [key=value ...] [--resume]
 
 Runs the NNSGHMC sampler file (``--sampler``, else the config's ``sampler_path``) and the
 baselines SGLD, pSGLD, SGHMC, mSGNHT (splitting), cSGLD, cSGHMC and the optimisers SGD-M and
@@ -37,13 +37,22 @@ were, and the next run removes the staging directories killed runs left behind):
   ``calibration.png`` (reliability diagram); ``config.yaml``;
 * ``tb/<method>/seed<seed>/`` TensorBoard logs (``tensorboard --logdir <out_dir>``).
 
+Each method is kept in ``<out_dir>/.<name>.finished/`` as soon as it finishes (its entry, its
+runs and its TensorBoard logs, checksummed), until the result is published: after an
+interruption (Ctrl-C, a killed job, a crash), the same command with ``--resume`` takes those
+methods back and runs the others, and publishes what an uninterrupted run would have. It
+refuses (exit 2) when the config, the sampler file or the versions differ from the stored
+run's, or a stored file was altered; a run without ``--resume`` starts afresh
+(:mod:`metasampler.benchmark.resume`).
+
 Under ``torchrun --nproc_per_node=N evaluate.py ...`` every method's ``budget.n_chains``
 chains are sharded across the processes; ensemble and posterior-average predictions are
 combined over all ranks before any metric is computed, and rank 0 writes the results (see
 docs/DISTRIBUTED.md).
 
-Exit status: 0 on success; 2 for a bad config, a missing or invalid sampler file, or missing
-data (the message says how to install it); 1 when every method failed; 130 on Ctrl-C.
+Exit status: 0 on success; 2 for a bad config, a missing or invalid sampler file, a refused
+``--resume``, or missing data (the message says how to install it); 1 when every method
+failed; 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -136,29 +145,47 @@ def _build_problem(cfg, device):
     return problem
 
 
-def _run_and_publish(cfg, problem, sampler_path: str | None, main_process: bool):
+def _run_and_publish(cfg, problem, sampler_path: str | None, main_process: bool, resume: bool):
     """Run into a staging directory; publish only a complete result, swapped in as a whole
     (the previous results stay until then). Stale staging left by killed runs goes first.
-    ``None`` when interrupted (nothing written)."""
+    In one process each finished method is kept until the result is published, for
+    ``--resume``. ``None`` when interrupted (nothing published)."""
+    from omegaconf import OmegaConf
+
     from experiments.run_config import to_yaml
+    from metasampler import distributed
     from metasampler.benchmark import run_benchmark, write_results
+    from metasampler.benchmark.resume import FinishedMethods, run_key
     from metasampler.staging import clean_stale, new_staging_dir, publish_directory
 
     out_root = Path(cfg.out_dir)
     staging = out_root / f".{cfg.name}.partial-unused"  # (ranks > 0 write nothing)
+    finished = None
     if main_process:
         out_root.mkdir(parents=True, exist_ok=True)
         clean_stale(out_root, cfg.name)
+        if distributed.world_size() == 1:
+            key = run_key(OmegaConf.to_container(cfg, resolve=True), sampler_path)
+            finished = FinishedMethods(out_root / f".{cfg.name}.finished", key, resume)
         staging = new_staging_dir(out_root, cfg.name)
     try:
         result = run_benchmark(
-            cfg, problem, sampler_path=sampler_path, out_dir=staging, progress=cfg.progress
+            cfg,
+            problem,
+            sampler_path=sampler_path,
+            out_dir=staging,
+            progress=cfg.progress,
+            finished=finished,
         )
         if main_process:
             write_results(result, staging, to_yaml(cfg))
             publish_directory(staging, out_root / cfg.name)
+            if finished is not None:
+                finished.discard()
     except KeyboardInterrupt:
-        print("interrupted; nothing written", file=sys.stderr)
+        kept = [] if finished is None else finished.stored()
+        note = f"; finished methods kept for --resume: {', '.join(kept)}" if kept else ""
+        print(f"interrupted; nothing published{note}", file=sys.stderr)
         return None
     finally:
         if main_process:  # a failed run's staging, or the previous results after the swap
@@ -173,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="YAML config (see configs/eval/)")
     parser.add_argument("--sampler", default=None, help="NNSGHMC .safetensors file")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="take back the methods an interrupted run of the same config finished",
+    )
     args = parser.parse_intermixed_args(argv)
 
     from experiments.benchmark_config import load_benchmark_config
@@ -201,7 +233,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{cfg.budget.n_chains} chains x {cfg.budget.n_steps} steps{shards}, "
             f"seeds {list(cfg.seeds)}"
         )
-    result = _run_and_publish(cfg, problem, sampler_path, main_process)  # 3. run, publish
+    if args.resume and world > 1:
+        return _fail("--resume runs in one process (not under torchrun)")
+    from metasampler.benchmark.resume import ResumeError
+
+    try:  # 3. run, publish
+        result = _run_and_publish(cfg, problem, sampler_path, main_process, args.resume)
+    except ResumeError as err:
+        return _fail(str(err))
     if result is None:
         return 130
     if main_process:

@@ -27,6 +27,7 @@ from .methods import METHODS
 from .metrics import frame_targets, is_sequence_model
 from .protocol import MethodFactory
 from .results import BenchmarkResult, seed_statistics
+from .resume import FinishedMethods
 from .run import EvalSet, MethodRun, run_method
 from .tuning import TuneResult, TuningError, tune_step_size
 
@@ -414,15 +415,17 @@ def _enabled(cfg: Any) -> list[str]:
     return [key for key in METHODS if cfg.methods[key].enabled]
 
 
+def _method_steps(cfg: Any, key: str) -> int:
+    """Steps of one method on the progress bar: its tuning runs (if tuned), then every seed."""
+    spec, section = METHODS[key], cfg.methods[key]
+    n, m = len(spec.grid(section)), len(spec.option_grid(section))
+    n_tune_runs = n * max(1, m) if cfg.tune.enabled and max(n, m) > 1 else 0
+    return n_tune_runs * cfg.tune.n_steps * cfg.tune.n_seeds + len(cfg.seeds) * cfg.budget.n_steps
+
+
 def _total_steps(cfg: Any) -> int:
     """Steps of the progress bar: tuning runs of every tuned grid, then every seed."""
-    sizes = []
-    for key in _enabled(cfg):
-        spec, section = METHODS[key], cfg.methods[key]
-        sizes.append((len(spec.grid(section)), len(spec.option_grid(section))))
-    n_tune_runs = sum(n * max(1, m) for n, m in sizes if max(n, m) > 1) if cfg.tune.enabled else 0
-    tune_steps = n_tune_runs * cfg.tune.n_steps * cfg.tune.n_seeds
-    return tune_steps + len(sizes) * len(cfg.seeds) * cfg.budget.n_steps
+    return sum(_method_steps(cfg, key) for key in _enabled(cfg))
 
 
 def run_benchmark(
@@ -433,6 +436,7 @@ def run_benchmark(
     out_dir: str | os.PathLike,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    finished: FinishedMethods | None = None,
 ) -> BenchmarkResult:
     """Tune and run every enabled method of ``cfg`` (a ``BenchmarkConfig``) on ``problem``.
 
@@ -447,6 +451,8 @@ def run_benchmark(
         progress: show a tqdm bar over all steps (tuning and evaluation).
         log: receives one-line status messages (default ``tqdm.write``, which keeps the
             progress bar intact).
+        finished: where each method is stored when it finishes and taken back from when an
+            interrupted run stored it (:mod:`.resume`; one process only).
 
     Step sizes are tuned once per method on the validation split (seed ``tune.seed``, same
     for every grid value), then every seed in ``cfg.seeds`` runs with the chosen value. All
@@ -470,12 +476,27 @@ def run_benchmark(
     methods = [MethodBenchmark(key, setting) for key in _enabled(cfg)]
     try:
         for method in methods:
-            method.run()
+            _run_or_restore(method, finished)
     finally:
         setting.progress.bar.close()
     runs = {m.spec.key: m.runs for m in methods if m.entry.get("error") is None}
     summary = _summary(setting, {m.spec.key: m.entry for m in methods})
     return BenchmarkResult(summary, runs)
+
+
+def _run_or_restore(method: MethodBenchmark, finished: FinishedMethods | None) -> None:
+    """Take ``method`` back from ``finished`` if an interrupted run stored it, else run it
+    (and store it there)."""
+    setting, key = method.setting, method.spec.key
+    restored = None if finished is None else finished.restore(key, setting.tb_root)
+    if restored is not None:
+        method.entry, method.runs = restored
+        setting.progress.skip(_method_steps(setting.cfg, key))
+        setting.log(f"{method.spec.label}: taken from the interrupted run ({finished.directory})")
+        return
+    method.run()
+    if finished is not None:
+        finished.store(key, method.entry, method.runs, setting.tb_root)
 
 
 def _silent(_: str) -> None:

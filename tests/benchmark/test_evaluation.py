@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -501,3 +502,78 @@ def test_nnsghmc_compile_option_reaches_the_loaded_sampler(tmp_path):
     quick = Path(__file__).resolve().parents[2] / "configs" / "eval" / "quick.yaml"
     cfg = load_benchmark_config(quick, ["methods.nnsghmc.compile=true"])
     assert cfg.methods.nnsghmc.compile is True
+
+
+def _finals(results: dict) -> dict:
+    """Every method's per-seed final metrics, wall-clock times left out."""
+    return {
+        key: [{k: v for k, v in run["final"].items() if "seconds" not in k} for run in m["runs"]]
+        for key, m in results["methods"].items()
+    }
+
+
+def test_an_interrupted_evaluation_resumes_with_the_methods_it_finished(
+    tmp_path, capsys, monkeypatch
+):
+    from metasampler.benchmark import transfer
+
+    sampler = _save_sampler(tmp_path / "sampler.safetensors")
+    run = transfer.MethodBenchmark.run
+    ran: list[str] = []
+
+    def interrupted_at(stop: str | None):
+        def run_or_stop(self):
+            if self.spec.key == stop:
+                raise KeyboardInterrupt
+            ran.append(self.spec.key)
+            return run(self)
+
+        monkeypatch.setattr(transfer.MethodBenchmark, "run", run_or_stop)
+
+    config = _write_config(tmp_path)
+    args = ("--config", str(config), "--sampler", str(sampler))
+    interrupted_at("msgnht")
+    code, err = _evaluate_main(capsys, *args)
+    assert code == 130 and "finished methods kept for --resume: nnsghmc, sgld" in err
+    out = tmp_path / "out"
+    assert not (out / "tiny").exists()
+    kept = out / ".tiny.finished"
+    assert sorted(p.name for p in kept.glob("*.pt")) == ["nnsghmc.pt", "sgld.pt"]
+
+    # Another config, or an altered stored method, is refused; nothing is run.
+    ran.clear()
+    code, err = _evaluate_main(capsys, *args, "budget.n_steps=12", "--resume")
+    assert code == 2 and "another run" in err and "budget" in err
+    good = (kept / "sgld.pt").read_bytes()
+    (kept / "sgld.pt").write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    code, err = _evaluate_main(capsys, *args, "--resume")
+    assert code == 2 and "does not match its SHA-256" in err
+    (kept / "sgld.pt").write_bytes(good)
+    assert ran == []  # (nnsghmc was taken back before sgld's file was refused)
+
+    # Resumed: only the unfinished methods run, the result is the uninterrupted one's.
+    shutil.rmtree(kept / "nnsghmc.tb", ignore_errors=True)  # (its logs may be gone: still fine)
+    ran.clear()
+    interrupted_at(None)
+    code, err = _evaluate_main(capsys, *args, "--resume")
+    assert code == 0, err
+    assert ran == ["msgnht", "csgld", "cnnsghmc", "adam"]
+    assert not kept.exists()
+    resumed = json.loads((out / "tiny" / "results.json").read_text())
+    assert any((out / "tiny" / "tb" / "sgld").rglob("events.out.tfevents*"))
+
+    whole = _write_config(tmp_path, name="whole")
+    code, err = _evaluate_main(capsys, "--config", str(whole), "--sampler", str(sampler))
+    assert code == 0, err
+    uninterrupted = json.loads((out / "whole" / "results.json").read_text())
+    assert _finals(resumed) == _finals(uninterrupted)
+    assert resumed["methods"]["sgld"]["lr"] == uninterrupted["methods"]["sgld"]["lr"]
+    rows = [  # (the table's last columns: time per step, divergences)
+        [line.split("|")[:-3] for line in (out / run / "table.md").read_text().splitlines()]
+        for run in ("tiny", "whole")
+    ]
+    assert rows[0][4:] == rows[1][4:]  # (after the title and the data line)
+
+    # Without --resume nothing stored is used; --resume with nothing stored is refused.
+    code, err = _evaluate_main(capsys, *args, "--resume")
+    assert code == 2 and "no finished methods" in err
