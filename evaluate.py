@@ -42,8 +42,9 @@ runs and its TensorBoard logs, checksummed), until the result is published: afte
 interruption (Ctrl-C, a killed job, a crash), the same command with ``--resume`` takes those
 methods back and runs the others, and publishes what an uninterrupted run would have. It
 refuses (exit 2) when the config, the sampler file or the versions differ from the stored
-run's, or a stored file was altered; a run without ``--resume`` starts afresh
-(:mod:`metasampler.benchmark.resume`).
+run's, or a stored file was altered; without ``--resume`` a run refuses to start while
+finished methods are stored (remove the directory to start afresh;
+:mod:`metasampler.benchmark.resume`).
 
 Under ``torchrun --nproc_per_node=N evaluate.py ...`` every method's ``budget.n_chains``
 chains are sharded across the processes; ensemble and posterior-average predictions are

@@ -6,10 +6,10 @@ its TensorBoard logs) in ``<out_dir>/.<name>.finished/``, one checksummed file p
 (:func:`metasampler.files.save_checksummed`), under the run's key: the config, the sampler
 file's bytes and the versions of torch and metasampler. ``evaluate.py --resume`` takes back
 the methods stored under the same key and runs the others, so the published result is the
-one an uninterrupted run gives (the same seeds, the same numbers). A run without
-``--resume`` starts afresh and removes what an earlier run stored; a published result removes
-it too. Resuming under another key, or from an altered file, is refused with a
-:class:`ResumeError`: a result never mixes two configurations.
+one an uninterrupted run gives (the same seeds, the same numbers); publishing it removes the
+directory. Resuming under another key, or from an altered file, is refused with a
+:class:`ResumeError` (a result never mixes two configurations), and so is a run without
+``--resume`` while finished methods are stored (they are never removed unasked).
 """
 
 from __future__ import annotations
@@ -56,10 +56,11 @@ class FinishedMethods:
     Args:
         directory: where they are kept (``<out_dir>/.<name>.finished``).
         key: the run's key.
-        resume: take back what an earlier run with this key stored; otherwise remove it.
+        resume: take back what an earlier run with this key stored.
 
     Raises:
-        ResumeError: ``resume`` and nothing stored, or stored under another key.
+        ResumeError: ``resume`` and nothing stored, or stored under another key; or not
+            ``resume`` and methods stored (they are never removed unasked).
     """
 
     def __init__(self, directory: Path, key: str, resume: bool) -> None:
@@ -70,6 +71,11 @@ class FinishedMethods:
                 raise ResumeError(f"--resume: no finished methods of an earlier run in {directory}")
             if key_file.read_text() != key:
                 raise ResumeError(_another_run(json.loads(key_file.read_text()), json.loads(key)))
+        elif list(self.directory.glob("*.pt")):  # (as train_meta.py with a checkpoint)
+            raise ResumeError(
+                f"{directory} holds methods an interrupted run finished: pass --resume to "
+                "continue that run, or remove the directory to start afresh"
+            )
         else:
             shutil.rmtree(self.directory, ignore_errors=True)
         self.directory.mkdir(parents=True, exist_ok=True)

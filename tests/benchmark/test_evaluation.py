@@ -540,8 +540,11 @@ def test_an_interrupted_evaluation_resumes_with_the_methods_it_finished(
     kept = out / ".tiny.finished"
     assert sorted(p.name for p in kept.glob("*.pt")) == ["nnsghmc.pt", "sgld.pt"]
 
-    # Another config, or an altered stored method, is refused; nothing is run.
+    # Another config, or an altered stored method, is refused; so is a run that would start
+    # afresh over the stored methods. Nothing is run.
     ran.clear()
+    code, err = _evaluate_main(capsys, *args)
+    assert code == 2 and "pass --resume" in err
     code, err = _evaluate_main(capsys, *args, "budget.n_steps=12", "--resume")
     assert code == 2 and "another run" in err and "budget" in err
     good = (kept / "sgld.pt").read_bytes()
