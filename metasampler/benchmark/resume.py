@@ -70,7 +70,11 @@ class FinishedMethods:
             if not key_file.is_file():
                 raise ResumeError(f"--resume: no finished methods of an earlier run in {directory}")
             if key_file.read_text() != key:
-                raise ResumeError(_another_run(json.loads(key_file.read_text()), json.loads(key)))
+                differ = _differences(json.loads(key_file.read_text()), json.loads(key))
+                raise ResumeError(
+                    f"--resume: the methods in {directory} come from another run (its "
+                    f"{differ} differ); remove the directory to start afresh"
+                )
         elif list(self.directory.glob("*.pt")):  # (as train_meta.py with a checkpoint)
             raise ResumeError(
                 f"{directory} holds methods an interrupted run finished: pass --resume to "
@@ -115,7 +119,7 @@ class FinishedMethods:
         try:
             payload = load_checksummed(path)
         except CorruptFileError as err:
-            raise ResumeError(f"{err}; run again without --resume") from err
+            raise ResumeError(f"{err}; remove {self.directory} to start afresh") from err
         logs = self.directory / f"{method}.tb"
         if logs.is_dir():
             shutil.copytree(logs, tb_root / method, dirs_exist_ok=True)
@@ -127,18 +131,14 @@ class FinishedMethods:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _another_run(stored: dict[str, Any], wanted: dict[str, Any]) -> str:
-    """Why a stored run's key differs from this one's, naming the parts."""
+def _differences(stored: dict[str, Any], wanted: dict[str, Any]) -> str:
+    """The parts of two run keys that differ, the config's keys named."""
     differ = [name for name in sorted(wanted) if stored.get(name) != wanted[name]]
     if "config" in differ:
         old, new = stored.get("config", {}), wanted["config"]
         keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         differ[differ.index("config")] = "config (" + ", ".join(keys) + ")"
-    return (
-        "--resume: the stored methods come from another run: its "
-        + ", ".join(differ).replace("sampler_sha256", "sampler file")
-        + " differ; run again without --resume"
-    )
+    return ", ".join(differ).replace("sampler_sha256", "sampler file")
 
 
 def _to_json(value: Any) -> str:
