@@ -70,10 +70,14 @@ class FinishedMethods:
             if not key_file.is_file():
                 raise ResumeError(f"--resume: no finished methods of an earlier run in {directory}")
             if key_file.read_text() != key:
-                differ = _differences(json.loads(key_file.read_text()), json.loads(key))
+                try:
+                    differ = _differences(json.loads(key_file.read_text()), json.loads(key))
+                    why = f"come from another run (its {differ} differ)"
+                except json.JSONDecodeError:
+                    why = f"have an unreadable {_KEY_FILE}"
                 raise ResumeError(
-                    f"--resume: the methods in {directory} come from another run (its "
-                    f"{differ} differ); remove the directory to start afresh"
+                    f"--resume: the methods in {directory} {why}; remove the directory to "
+                    "start afresh"
                 )
         elif list(self.directory.glob("*.pt")):  # (as train_meta.py with a checkpoint)
             raise ResumeError(
