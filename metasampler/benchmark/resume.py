@@ -14,7 +14,6 @@ directory. Resuming under another key, or from an altered file, is refused with 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -160,9 +159,10 @@ def _to_json(value: Any) -> str:
 
 def _run_payload(run: MethodRun) -> dict[str, Any]:
     """A :class:`MethodRun` as values ``torch.load(weights_only=True)`` reads back."""
-    fields = dataclasses.asdict(run)
+    numbers = {"curves": run.curves, "final": run.final, "diverged_at": run.diverged_at,
+               "message": run.message}  # fmt: skip
     return {
-        "numbers": _to_json({k: fields[k] for k in ("curves", "final", "diverged_at", "message")}),
+        "numbers": _to_json(numbers),
         "entropies": {name: torch.from_numpy(np.asarray(v)) for name, v in run.entropies.items()},
         "calibration": None
         if run.calibration is None
