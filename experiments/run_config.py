@@ -115,6 +115,7 @@ _POSITIVE_INT = [
     "train.in_chain_chains",
     "train.replay_capacity",
     "train.checkpoint_every",
+    "train.heldout_batch",
     "eval.n_chains",
     "eval.n_steps",
     "task.dim",
@@ -126,6 +127,7 @@ _NON_NEGATIVE = [
     "train.cross_chain_every",
     "train.cross_chain_weight",
     "train.in_chain_weight",
+    "train.heldout_weight",
     "train.in_chain_burn_in",
     "train.eval_every",
     "train.average_last",
@@ -194,9 +196,16 @@ def _validate(cfg: DictConfig) -> None:
             f"train.in_chain_chains ({cfg.train.in_chain_chains}) must be <= train.n_chains "
             f"({cfg.train.n_chains})"
         )
-    if cfg.train.cross_chain_every == 0 and cfg.train.in_chain_weight == 0:
+    crossing = cfg.train.cross_chain_every > 0 and cfg.train.cross_chain_weight > 0
+    if not (crossing or cfg.train.in_chain_weight > 0 or cfg.train.heldout_weight > 0):
         raise ConfigError(
-            "both losses are disabled: set train.cross_chain_every or train.in_chain_weight"
+            "every loss is disabled: set train.cross_chain_every and train.cross_chain_weight, "
+            "train.in_chain_weight or train.heldout_weight"
+        )
+    if cfg.train.heldout_weight > 0 and cfg.train.cross_chain_every == 0:
+        raise ConfigError(
+            "train.heldout_weight > 0 needs train.cross_chain_every >= 1: the held-out loss "
+            "scores the cross-chain slices"
         )
     for section in ("sampler", "eval"):
         eta, lr = get(f"{section}.eta"), get(f"{section}.lr")

@@ -107,6 +107,11 @@ class TrainConfig:
     cross_chain_every: int = 2  # 0 disables the cross-chain loss
     cross_chain_weight: float = 1.0
     in_chain_weight: float = 1.0  # 0 disables the in-chain loss
+    # > 0: also the held-out predictive loss (metasampler/meta/heldout.py) on the cross-chain
+    # slices, with this weight: the NLL of the samples' pooled predictive on a minibatch of
+    # `heldout_batch` examples of the training problem's validation split (Bayesian tasks)
+    heldout_weight: float = 0.0
+    heldout_batch: int = 500
     in_chain_burn_in: int = 50
     in_chain_thinning: int = 3
     in_chain_chains: int = 5

@@ -215,7 +215,8 @@ def predict_log_probs(
 
 
 def ensemble_log_probs_from_lp(log_probs: Tensor) -> Tensor:
-    """``(K, B, C)`` per-chain log-probabilities -> ``(B, C)`` log of their average."""
+    """``(K, ...)`` per-sample log-probabilities -> ``(...)`` the log of their average over
+    the first axis (e.g. ``(K, B, C)`` per-chain class log-probabilities -> ``(B, C)``)."""
     return torch.logsumexp(log_probs, 0) - math.log(log_probs.shape[0])
 
 

@@ -52,6 +52,7 @@ from ..targets import NonFiniteError
 from .averaging import NetAverage
 from .checkpoint import CheckpointMixin, History, save_checkpoint
 from .divergence import NonFiniteLoss, TrainingDivergedError, abort_on_peer_failure, diverged
+from .heldout import HeldOutPredictive
 from .losses import InChainCollector
 from .outer import GradientAccumulator, MetaOptimizer
 from .replay import ReplayPool
@@ -134,6 +135,8 @@ class MetaTrainer(CheckpointMixin):
                 "train.accumulate, train.step_per_loss and train.continue_chains to false and "
                 "train.in_chain_span=window, or run in one process"
             )
+        if self.world > 1 and settings.heldout_weight > 0:
+            raise ConfigError("train.heldout_weight > 0 is not sharded: run in one process")
         self.outer = MetaOptimizer(
             sampler.parameters(), settings.optimizer_lr, settings.adam_betas, settings.grad_clip
         )
@@ -143,6 +146,7 @@ class MetaTrainer(CheckpointMixin):
         self.history = History()
         self.epoch = 0  # epochs completed
         self.step_scale = 1.0  # this epoch's multiplier on the step (train.step_scale_range)
+        self.heldout: HeldOutPredictive | None = None  # this epoch's held-out loss
 
     # -- training ---------------------------------------------------------------------------
     def train(self) -> History:
@@ -157,6 +161,7 @@ class MetaTrainer(CheckpointMixin):
                 started = time.perf_counter()
                 problem = self.problems(epoch, self.generator)
                 self.step_scale = self._draw_step_scale(epoch)
+                self.heldout = self._heldout(problem)
                 losses: list[float] = []
                 state = collector = None
                 for sub in range(s.sub_epochs):
@@ -223,6 +228,22 @@ class MetaTrainer(CheckpointMixin):
             state.theta, state.momentum = theta, momentum
         return state
 
+    def _heldout(self, problem: Any) -> HeldOutPredictive | None:
+        """The held-out predictive loss on ``problem``'s validation split (``None`` when its
+        weight is 0)."""
+        if self.settings.heldout_weight <= 0:
+            return None
+        data = getattr(problem, "data", None)
+        log_likelihood = getattr(problem.target, "log_likelihood", None)
+        if data is None or log_likelihood is None or len(getattr(data, "y_val", ())) == 0:
+            raise ConfigError(
+                f"train.heldout_weight > 0 needs a Bayesian task with a validation split; "
+                f"{problem.name} has none: set train.heldout_weight=0"
+            )
+        return HeldOutPredictive(
+            log_likelihood, data.x_val, data.y_val, self.settings.heldout_batch, self.generator
+        )
+
     def _collector(self) -> InChainCollector | None:
         """A fresh in-chain collector (a new random chain subset), for a segment or an epoch."""
         s = self.settings
@@ -273,7 +294,7 @@ class MetaTrainer(CheckpointMixin):
                 except NonFiniteError as err:
                     what = f"a chain diverged ({err}){self._on_rank()}"
                     raise self._diverged(what, epoch, sub) from None
-            value = self.update.window(window, collector, accumulated, keep_graph)
+            value = self.update.window(window, collector, accumulated, keep_graph, self.heldout)
             if value is not None:
                 losses.append(value)
             if collector is not None and schedule.clear_pool:

@@ -5,7 +5,8 @@ computed from this process's chains (sharded: from every rank's positions, gathe
 each rank computing its share of the global surrogate), combined with their weights,
 differentiated, summed across ranks (sharded: the global gradient is the sum of the shares)
 and applied as the truncation schedule says (:mod:`.schedule`): one combined step, one step
-per loss, or — accumulating — once per segment.
+per loss, or — accumulating — once per segment. The held-out predictive loss
+(:mod:`.heldout`, one process only) is a third term on the same slices.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor
 from .. import distributed
 from ..distributed import ChainShard
 from .divergence import NonFiniteLoss, abort_on_peer_failure
+from .heldout import HeldOutPredictive
 from .losses import InChainCollector, combined_loss, cross_chain_loss
 from .outer import (
     GradientAccumulator,
@@ -33,7 +35,7 @@ from .unroll import WindowSamples
 
 __all__ = ["MetaUpdate"]
 
-TERMS = ("cross_chain", "in_chain")
+TERMS = ("cross_chain", "in_chain", "heldout")
 
 
 class MetaUpdate:
@@ -62,6 +64,7 @@ class MetaUpdate:
         self.weights = {
             "cross_chain": settings.cross_chain_weight,
             "in_chain": settings.in_chain_weight,
+            "heldout": settings.heldout_weight,
         }
         self.stein = {
             "bandwidth_factor": settings.stein_bandwidth_factor,
@@ -81,16 +84,19 @@ class MetaUpdate:
         collector: InChainCollector | None,
         accumulated: GradientAccumulator | None = None,
         keep_graph: bool = False,
+        heldout: HeldOutPredictive | None = None,
     ) -> float | None:
-        """The window's loss terms — cross-chain over its slices, in-chain over the
-        collector's pool when the schedule clears it after each window — and the update:
-        an optimiser step now (returns the total loss), or with ``accumulated`` their
-        gradients added to it (``keep_graph``: the segment's in-chain pool still needs the
-        window's graph). ``None`` when the window has no loss term."""
+        """The window's loss terms — cross-chain over its slices (unless its weight is 0),
+        in-chain over the collector's pool when the schedule clears it after each window,
+        held-out predictive over the slices with ``heldout`` — and the update: an optimiser
+        step now (returns the total loss), or with ``accumulated`` their gradients added to it
+        (``keep_graph``: the segment's in-chain pool still needs the window's graph). ``None``
+        when the window has no loss term."""
         positions = window.positions
         pooled = collector is not None and collector.n_samples >= 2 and self.schedule.clear_pool
         if not positions and not pooled:
             return None
+        crossing = bool(positions) and self.weights["cross_chain"] > 0
         sharded = self.shard.world > 1
         # Collectives first: a failure guard must not contain any.
         everyone = gather_slices(positions, self.shard) if sharded and positions else None
@@ -103,13 +109,17 @@ class MetaUpdate:
                 in_chain = None if pool is None else collector.sharded_loss(pool, **self.stein)
             else:
                 cross = (
-                    cross_chain_loss(positions, window.grads, **self.stein) if positions else None
+                    cross_chain_loss(positions, window.grads, **self.stein) if crossing else None
                 )
                 in_chain = collector.loss(**self.stein) if pooled else None
-            if accumulated is not None:
-                self._accumulate(accumulated, cross, in_chain, len(positions), keep_graph)
+            held = heldout.loss(positions) if heldout is not None and positions else None
+            if cross is None and in_chain is None and held is None:
                 return None
-            grads, values = self._gradients({"cross_chain": cross, "in_chain": in_chain})
+            if accumulated is not None:
+                self._accumulate(accumulated, cross, in_chain, held, len(positions), keep_graph)
+                return None
+            terms = {"cross_chain": cross, "in_chain": in_chain, "heldout": held}
+            grads, values = self._gradients(terms)
         return self.apply(*self._reduce(grads, values))
 
     def _accumulate(
@@ -117,15 +127,19 @@ class MetaUpdate:
         accumulated: GradientAccumulator,
         cross: Tensor | None,
         in_chain: Tensor | None,
+        held: Tensor | None,
         n: int,
         keep_graph: bool,
     ) -> None:
         # The segment's cross-chain loss is the mean over all its slices: sum each window's
-        # slice surrogates now (freeing its graph unless the in-chain pool still needs it);
-        # the accumulator divides by the count at the end.
+        # slice surrogates now (freeing its graph unless a later term or the in-chain pool
+        # still needs it); the accumulator divides by the count at the end. The held-out
+        # loss is the mean of its windows' values.
         if cross is not None:
-            retain = keep_graph or in_chain is not None
+            retain = keep_graph or in_chain is not None or held is not None
             accumulated.add("cross_chain", cross * n, n, retain_graph=retain)
+        if held is not None:
+            accumulated.add("heldout", held, 1, retain_graph=keep_graph or in_chain is not None)
         if in_chain is not None:
             accumulated.add("in_chain", in_chain, 1)
 
@@ -155,7 +169,11 @@ class MetaUpdate:
             }
             return grads, present
         weights = (self.weights["cross_chain"], self.weights["in_chain"])
-        loss = combined_loss(terms["cross_chain"], terms["in_chain"], weights)
+        elbo = (terms["cross_chain"], terms["in_chain"])
+        loss = combined_loss(*elbo, weights) if any(t is not None for t in elbo) else None
+        if terms.get("heldout") is not None:
+            held = self.weights["heldout"] * terms["heldout"]
+            loss = held if loss is None else loss + held
         return {"total": self.outer.gradients(loss)}, {"total": loss, **present}
 
     def _reduce(
