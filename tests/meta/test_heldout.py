@@ -4,6 +4,7 @@ bit-exactly; bad settings are refused before any work."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -140,6 +141,24 @@ def test_training_with_the_heldout_loss_logs_it_and_resumes_bit_exactly(tmp_path
     assert (resumed.resume(), resumed.train().loss) == (2, straight.history.loss)
     nets = [m.sampler.state_dict().values() for m in (straight, resumed)]
     assert all(torch.equal(a, b) for a, b in zip(*nets, strict=True))
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        dict(accumulate=False, step_per_loss=False, continue_chains=False),  # one combined step
+        dict(accumulate=False, step_per_loss=True, continue_chains=True),  # a step per loss
+    ],
+)
+def test_every_schedule_trains_on_the_heldout_loss_with_the_elbo_terms(schedule):
+    logged: dict[str, float] = {}
+    trainer = _run(heldout_settings(epochs=1, in_chain_weight=1.0, **schedule))
+    trainer.report.logger = SimpleNamespace(scalar=lambda tag, v, step: logged.update({tag: v}))
+    history = trainer.train()
+    assert {"loss/cross_chain", "loss/in_chain", "loss/heldout"} <= set(logged)
+    assert 0 < logged["loss/heldout"] < 5 and all(map(math.isfinite, history.loss))
+    without = _run(heldout_settings(epochs=1, in_chain_weight=1.0, heldout_weight=0.0, **schedule))
+    assert without.train().loss != history.loss
 
 
 def test_heldout_alone_trains_without_the_elbo_terms(monkeypatch):
