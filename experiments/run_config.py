@@ -36,6 +36,7 @@ from metasampler.config import (
     check_step_scale_range,
     load_structured,
 )
+from tasks.bnn import BNN_KINDS
 from tasks.config import MusicDataset, TaskConfig, TaskKind
 from tasks.gaussian import check_spectrum
 from tasks.registry import check_train_activations
@@ -201,6 +202,12 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(
             "every loss is disabled: set train.cross_chain_every and train.cross_chain_weight, "
             "train.in_chain_weight or train.heldout_weight"
+        )
+    kind = getattr(cfg.task.kind, "value", cfg.task.kind)
+    if cfg.train.heldout_weight > 0 and kind not in BNN_KINDS:
+        raise ConfigError(
+            f"train.heldout_weight > 0 needs a Bayesian task with a validation split "
+            f"(task.kind in {list(BNN_KINDS)}), got task.kind={kind}"
         )
     if cfg.train.heldout_weight > 0 and cfg.train.cross_chain_every == 0:
         raise ConfigError(

@@ -188,7 +188,11 @@ def test_a_task_without_a_validation_split_is_refused_naming_the_setting():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["train.heldout_weight=1", "train.cross_chain_every=0"], "cross_chain_every"),
+        (
+            ["task.kind=mnist_mlp", "train.heldout_weight=1", "train.cross_chain_every=0"],
+            "cross_chain_every",
+        ),  # fmt: skip
+        (["train.heldout_weight=1"], "needs a Bayesian task .* got task.kind=paper_train_gaussian"),
         (["train.heldout_weight=-1"], "heldout_weight must be >= 0"),
         (["train.heldout_batch=0"], "heldout_batch must be >= 1"),
         (["train.cross_chain_weight=0", "train.in_chain_weight=0"], "every loss is disabled"),
