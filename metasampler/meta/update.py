@@ -20,7 +20,7 @@ from .. import distributed
 from ..distributed import ChainShard
 from .divergence import NonFiniteLoss, abort_on_peer_failure
 from .heldout import HeldOutPredictive
-from .losses import InChainCollector, combined_loss, cross_chain_loss
+from .losses import InChainCollector, cross_chain_loss
 from .outer import (
     GradientAccumulator,
     Grads,
@@ -99,7 +99,7 @@ class MetaUpdate:
         crossing = bool(positions) and self.weights["cross_chain"] > 0
         sharded = self.shard.world > 1
         # Collectives first: a failure guard must not contain any.
-        everyone = gather_slices(positions, self.shard) if sharded and positions else None
+        everyone = gather_slices(positions, self.shard) if sharded and crossing else None
         pool = collector.gather() if sharded and pooled else None
         with abort_on_peer_failure(), distributed.failure_guard("computing the meta-gradient"):
             if sharded:
@@ -168,13 +168,13 @@ class MetaUpdate:
                 k: self.outer.gradients(present[k], retain_graph=k != names[-1]) for k in names
             }
             return grads, present
-        weights = (self.weights["cross_chain"], self.weights["in_chain"])
-        elbo = (terms["cross_chain"], terms["in_chain"])
-        loss = combined_loss(*elbo, weights) if any(t is not None for t in elbo) else None
-        if terms.get("heldout") is not None:
-            held = self.weights["heldout"] * terms["heldout"]
-            loss = held if loss is None else loss + held
+        loss = self._weighted_total(present)
         return {"total": self.outer.gradients(loss)}, {"total": loss, **present}
+
+    def _weighted_total(self, values: dict):
+        """``sum_k w_k * value_k`` over the terms present (tensors or floats): the combined
+        loss that is differentiated and the total that is reported are this one sum."""
+        return sum(self.weights[k] * v for k, v in values.items() if v is not None)
 
     def _reduce(
         self, grads: dict[str, Grads], values: dict[str, Tensor]
@@ -210,7 +210,7 @@ class MetaUpdate:
                 self.terms[name].append(values[name])
         total = values.get("total")
         if total is None:
-            total = sum(self.weights[k] * v for k, v in values.items() if v is not None)
+            total = self._weighted_total(values)
         if not math.isfinite(total):
             raise NonFiniteLoss(f"non-finite meta-loss {total}")
         if "total" in grads:
