@@ -284,6 +284,12 @@ def spy(*a):  # (when the steps switched to the compiled step)
         switch.append((i + 1, time.perf_counter() - t1))
     return compiled(*a)
 fast.run_compiled_in_process = spy
+from metasampler.learned import aot
+loaded, load = [], aot._load
+def load_spy(*a):  # (when the ahead-of-time package was loaded, on a CPU)
+    loaded.append((i + 1, time.perf_counter() - t1))
+    return load(*a)
+aot._load = load_spy
 with torch.no_grad():
     state = s.init(init, target, g)
     sync(); t1 = time.perf_counter()
@@ -291,7 +297,10 @@ with torch.no_grad():
         state = s.step(state, target, g)
         if i + 1 in (1, 30, {steps} - 200, {steps}):
             sync(); marks.append(time.perf_counter())
+aot.stop_builds()  # (a build still running would load the cores during the next measurement)
 if sys.argv[1] == "nnsghmc":
+    package = "step %d at %.1f s" % loaded[0] if loaded else "never"
+    print(f"first-use: the ahead-of-time package was loaded before {{package}}", file=sys.stderr)
     where = "step %d at %.1f s" % switch[0] if switch else "never"
     print(f"first-use: the in-process compiled step ran from {{where}}; this process's "
           f"inductor cache hits {{counters['inductor']['fxgraph_cache_hit']}}, misses "

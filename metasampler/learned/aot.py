@@ -385,25 +385,35 @@ def _intact(package: Path) -> bool:
     return False
 
 
-def _child_command(entry: str, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+def _child_command(
+    entry: str, argv: list[str], skip_teardown: bool = False
+) -> tuple[list[str], dict[str, str]]:
     """The command and environment of a fresh interpreter running ``function(argv)`` for
     ``entry = "module.function"`` of ``metasampler.learned`` (this copy of the package), with
-    one compile thread; the process exits with the function's return value."""
+    one compile thread; the process exits with the function's return value. With
+    ``skip_teardown`` it exits without the interpreter's teardown: after a package build that
+    took ~2 s, which the user's eager steps waited for."""
     root = str(Path(__file__).resolve().parents[2])  # so the child imports this metasampler
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     # (`-c`, not `-m`: the package imports this module before runpy would run it)
     module, function = entry.split(".")
-    code = f"import sys; from metasampler.learned.{module} import {function} as f; "
-    code += "sys.exit(f(sys.argv[1:]))"
+    code = f"import os, sys; from metasampler.learned.{module} import {function} as f; "
+    code += "rc = f(sys.argv[1:]); "
+    if skip_teardown:
+        code += "sys.stdout.flush(); sys.stderr.flush(); os._exit(rc)"
+    else:
+        code += "sys.exit(rc)"
     return [sys.executable, "-c", code, *argv], env
 
 
-def start_child(entry: str, argv: list[str], log: Path) -> subprocess.Popen:
+def start_child(
+    entry: str, argv: list[str], log: Path, skip_teardown: bool = False
+) -> subprocess.Popen:
     """:func:`_child_command`'s process, started in the background, its output written to
     ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    command, env = _child_command(entry, argv)
+    command, env = _child_command(entry, argv, skip_teardown)
     with log.open("w") as out:  # (the child keeps its own handle)
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -414,7 +424,8 @@ def _start(spec: KernelSpec, package: Path) -> subprocess.Popen:
         f"configuration; eager steps run meanwhile; cached in {package.parent})",
         file=sys.stderr,
     )
-    return start_child("aot.main", [spec.to_json(), str(package)], package.with_suffix(".log"))
+    log = package.with_suffix(".log")
+    return start_child("aot.main", [spec.to_json(), str(package)], log, skip_teardown=True)
 
 
 def _fail(key: str, why: str) -> None:

@@ -97,7 +97,7 @@ from ..samplers.sghmc import init_momentum
 from ..schedules import Schedule
 from ..stepsize import resolve_eta
 from ..targets import Target
-from . import inputs
+from . import aot, inputs
 from . import stiffness as stats
 from .calibration import calibrate_inputs
 from .equations import StepArgs, nnsghmc_coefficients
@@ -369,7 +369,10 @@ class NNSGHMC(nn.Module, Sampler):
         k = state.step + 1
         second_order = not self.detach_inputs and torch.is_grad_enabled()
         estimate = self.grad_noise_estimate
-        ev = self.evaluate(target, state.theta, k, generator, second_order, estimate)
+        # (one thread fewer while a build runs, as for the eager update: the gradient's
+        # threads spinning against the build slowed it; BENCHMARKS.md, session 33)
+        with aot.leaving_a_core_to_builds():
+            ev = self.evaluate(target, state.theta, k, generator, second_order, estimate)
         u, prior_grad = self._energy_input(ev, target)
         p = state.momentum
         gamma = self.gamma if temperature > 0 else "none"

@@ -766,8 +766,10 @@ def test_a_package_for_two_threads_runs_its_loop_on_both(tmp_path):
     q_shapes, d_shapes = ((4, 2), (4,), (4,), ()), ((4, 3), (4,), (4,), ())
     spec = aot.KernelSpec(cfg, q_shapes, d_shapes, "float32", "cpu", True, True, False, 2)
     package = tmp_path / "step.pt2"
-    command, env = aot._child_command("aot.main", [spec.to_json(), str(package)])
+    # (as the build in the background runs: exiting without the interpreter's teardown)
+    command, env = aot._child_command("aot.main", [spec.to_json(), str(package)], True)
     subprocess.run(command, env=env, check=True, capture_output=True)
+    assert aot._intact(package)
     with zipfile.ZipFile(package) as archive:
         (kernel,) = [name for name in archive.namelist() if name.endswith("kernel.cpp")]
         assert b"#pragma omp parallel" in archive.read(kernel)
@@ -871,8 +873,9 @@ def test_default_compiles_in_the_background_and_switches_when_ready(monkeypatch)
 
 def test_eager_steps_leave_a_core_to_a_running_build(monkeypatch):
     # The build compiles on one core; this process's OpenMP threads spinning against it made an
-    # eager step 3x slower on 2 cores. While it runs, eager steps use one thread fewer, and the
-    # user's setting comes back after each step; with no build running, it is unchanged.
+    # eager step 3x slower on 2 cores, and the target's gradient on both cores slowed the build
+    # from ~19 to ~32 s. While it runs, eager steps (gradient and update) use one thread fewer,
+    # and the user's setting comes back after each step; with no build running, it is unchanged.
     from types import SimpleNamespace
 
     from metasampler.learned import aot, fast
@@ -890,14 +893,18 @@ def test_eager_steps_leave_a_core_to_a_running_build(monkeypatch):
     target, _ = quadratic_target()
     init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
     sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2)
+    gradient_threads, evaluate = [], sampler.evaluate
+    sampler.evaluate = lambda *a: gradient_threads.append(torch.get_num_threads()) or evaluate(*a)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(3)
         run_path(sampler, "auto", target, init, n_steps=2)
-        assert threads == [2, 2] and torch.get_num_threads() == 3
+        assert threads == [2, 2] and gradient_threads[-2:] == [2, 2]
+        assert torch.get_num_threads() == 3
         running["build"] = False
         run_path(sampler, "auto", target, init, n_steps=2)
-        assert threads[2:] == [3, 3] and torch.get_num_threads() == 3
+        assert threads[2:] == [3, 3] and gradient_threads[-2:] == [3, 3]
+        assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
 
