@@ -29,6 +29,7 @@ from metasampler import distributed
 from metasampler.benchmark import gaussian_benchmark
 from metasampler.config import ConfigError
 from metasampler.learned import NNSGHMC
+from metasampler.learned.fast import training_compile_pays
 from metasampler.logs import RunLogger, plot_sampler_nets
 from metasampler.meta.build import build_sampler, settings_from_config, with_step
 from metasampler.meta.checkpoint import History
@@ -134,10 +135,19 @@ def _prepare_sampler(
     resuming, identical on every rank) and the family of training problems."""
     main_process = distributed.is_main_process()
     sampler = build_sampler(cfg.sampler, seed=cfg.seed).to(device)
-    if cfg.train.compile_steps:
-        sampler.use_compile = True
     problems = ProblemFamily(cfg.task, device=device)
     first = problems(0, torch.Generator(device=device).manual_seed(cfg.seed))
+    compile_steps = cfg.train.compile_steps
+    if compile_steps is None:
+        compile_steps = training_compile_pays(cfg.train.n_chains * first.target.dim, device)
+        if compile_steps and main_process:
+            print(
+                "compiling the meta-training step (the first window waits about a minute; "
+                "train.compile_steps=false keeps it eager)",
+                file=sys.stderr,
+            )
+    if compile_steps:
+        sampler.use_compile = True
     if cfg.sampler.calibrate_steps and calibrate:
         # Calibrate from the problem's own initialisation (as the training chains start),
         # not the driver's default N(0, I) positions (far off for network weights).

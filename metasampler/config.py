@@ -129,8 +129,10 @@ class TrainConfig:
     checkpoint_every: int = 5  # epochs
     eval_every: int = 10  # epochs; 0 disables evaluation during training
     # true: meta-training steps through torch.compile with autograd (fused forward and
-    # backward; the first window waits minutes for the compile; BENCHMARKS.md)
-    compile_steps: bool = False
+    # backward; the first window waits about a minute for the compile; BENCHMARKS.md);
+    # false: eager steps; null (default): compiled where that pays, on a CPU with a C++
+    # compiler for n_chains x dim >= 10,000 (metasampler.learned.fast.training_compile_pays)
+    compile_steps: bool | None = None
 
 
 def check_step_scale_range(value: Sequence[float] | None) -> None:

@@ -64,7 +64,9 @@ from torch import Tensor
 from . import aot
 from .equations import StepArgs, nnsghmc_update
 
-__all__ = ["StepArgs", "PATHS", "run", "compile_unavailable", "wait_for_compiles"]
+__all__ = [
+    "StepArgs", "PATHS", "run", "compile_unavailable", "training_compile_pays", "wait_for_compiles",
+]  # fmt: skip
 
 PATHS = ("auto", "plain", "blocks", "recompute", "compiled")
 # A block holds about this many coordinates (x hidden units per intermediate): ~0.6 MB of
@@ -220,6 +222,22 @@ def compile_unavailable(device: torch.device) -> str | None:
             return "triton is not installed"
         return None
     return f"no torch.compile backend for device {device.type!r}"
+
+
+# Chains x coordinates from which meta-training compiles its steps by default (a CPU with a
+# compiler): the 784-20-10 MLP with 20 chains (318,000) steps 14x an SGHMC step eagerly and
+# 2.3-2.8x compiled (BENCHMARKS.md), so the first window's compile (~1 minute) is repaid
+# within a few segments; the toys (500-1,000) gain little (a 10-D toy run 160 -> 132 s with
+# the compile) and stay eager, as do the tests' tiny problems.
+TRAINING_COMPILE_MIN_COORDINATES = 10_000
+
+
+def training_compile_pays(n_coordinates: int, device: torch.device) -> bool:
+    """Whether meta-training compiles its steps when not told (``train.compile_steps: null``):
+    on a CPU with a C++ compiler, for ``n_chains * dim`` of at least
+    ``TRAINING_COMPILE_MIN_COORDINATES``. Not on a GPU, where it was not measured."""
+    big = n_coordinates >= TRAINING_COMPILE_MIN_COORDINATES
+    return big and device.type == "cpu" and compile_unavailable(device) is None
 
 
 _IN_PROCESS: dict[aot.KernelSpec, Callable] = {}
