@@ -131,7 +131,7 @@ class TrainConfig:
     # true: meta-training steps through torch.compile with autograd (fused forward and
     # backward; the first window waits about a minute for the compile; BENCHMARKS.md);
     # false: eager steps; null (default): compiled where that pays, on a CPU with a C++
-    # compiler for n_chains x dim >= 10,000 (metasampler.learned.fast.training_compile_pays)
+    # compiler for n_chains x dim >= 100,000 (metasampler.learned.fast.training_compile_pays)
     compile_steps: bool | None = None
 
 

@@ -225,11 +225,12 @@ def compile_unavailable(device: torch.device) -> str | None:
 
 
 # Chains x coordinates from which meta-training compiles its steps by default (a CPU with a
-# compiler): the 784-20-10 MLP with 20 chains (318,000) steps 14x an SGHMC step eagerly and
-# 2.3-2.8x compiled (BENCHMARKS.md), so the first window's compile (~1 minute) is repaid
-# within a few segments; the toys (500-1,000) gain little (a 10-D toy run 160 -> 132 s with
-# the compile) and stay eager, as do the tests' tiny problems.
-TRAINING_COMPILE_MIN_COORDINATES = 10_000
+# compiler). configs/mnist_mlp.yaml (784-20-10 MLP, 10 chains: 159,000) trained 8 epochs in
+# 97 s eagerly and 57 s compiled with warm caches; cold, the compiles add ~65 s, repaid after
+# ~2,700 steps, and its 24 epochs run 4,800 (BENCHMARKS.md, session 33). The saving per step
+# shrinks with the problem and the compile does not, so smaller problems (the toys' 500-1,000,
+# the tests') stay eager.
+TRAINING_COMPILE_MIN_COORDINATES = 100_000
 
 
 def training_compile_pays(n_coordinates: int, device: torch.device) -> bool:
