@@ -137,16 +137,7 @@ def _prepare_sampler(
     sampler = build_sampler(cfg.sampler, seed=cfg.seed).to(device)
     problems = ProblemFamily(cfg.task, device=device)
     first = problems(0, torch.Generator(device=device).manual_seed(cfg.seed))
-    compile_steps = cfg.train.compile_steps
-    if compile_steps is None:
-        compile_steps = training_compile_pays(cfg.train.n_chains * first.target.dim, device)
-        if compile_steps and main_process:
-            print(
-                "compiling the meta-training step (the first window waits about a minute; "
-                "train.compile_steps=false keeps it eager)",
-                file=sys.stderr,
-            )
-    if compile_steps:
+    if _compiles_steps(cfg, first.target.dim, device, main_process):
         sampler.use_compile = True
     if cfg.sampler.calibrate_steps and calibrate:
         # Calibrate from the problem's own initialisation (as the training chains start),
@@ -166,6 +157,21 @@ def _prepare_sampler(
     sampler.train_dim.fill_(first.target.dim)
     distributed.broadcast_module(sampler)  # every rank starts from rank 0's nets
     return sampler, problems
+
+
+def _compiles_steps(cfg: DictConfig, dim: int, device: torch.device, main_process: bool) -> bool:
+    """``train.compile_steps``, or where it is ``null`` whether compiling pays for this problem
+    (:func:`~metasampler.learned.fast.training_compile_pays`; then said once)."""
+    if cfg.train.compile_steps is not None:
+        return bool(cfg.train.compile_steps)
+    pays = training_compile_pays(cfg.train.n_chains * dim, device)
+    if pays and main_process:
+        print(
+            "compiling the meta-training step (the first window waits about a minute; "
+            "train.compile_steps=false keeps it eager)",
+            file=sys.stderr,
+        )
+    return pays
 
 
 def _evaluation(
