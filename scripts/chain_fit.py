@@ -7,10 +7,20 @@
 Runs one method of the config (its options from the config and the ``key=value``
 overrides, its warm-up and schedule as the protocol builds them) at the per-batch learning rate
 ``--lr`` for the config's chains and steps, and prints at each step of ``--steps`` the chains'
-mean NLL on the training and test splits, their mean energy and half squared weight norm
-``|theta|^2 / 2``. Under a Gaussian prior ``N(0, s^2 I)`` a chain that has reached the prior's
-typical set in the directions the data leave free has a half squared norm near ``D s^2 / 2``
-(printed first), so the norm tells how far the chains have mixed in those directions.
+mean NLL on the training and test splits, the test NLL of their ensemble, their mean energy
+and half squared weight norm ``|theta|^2 / 2``. Under a Gaussian prior ``N(0, s^2 I)`` a chain
+that has reached the prior's typical set in the directions the data leave free has a half
+squared norm near ``D s^2 / 2`` (printed first), so the norm tells how far the chains have
+mixed in those directions.
+
+Where the model's first parameter is a ``Linear`` weight on the flat inputs (the MLPs), a
+second table splits the first layer's weights by how many training examples have their input
+feature non-zero and gives their mean ``theta^2 / 2`` per weight (``s^2 / 2`` at the prior;
+much less where the data pin a weight near zero).
+
+``--average-from S`` also accumulates the posterior-average predictive on the test split from
+step ``S`` on (every ``--average-every`` steps, all chains) and prints its NLL and error at the
+end: with a long run of a small-step sampler, a reference for what the posterior predicts.
 """
 
 from __future__ import annotations
@@ -38,17 +48,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--steps", type=int, nargs="+", default=[1, 100, 500, 1000, 1500, 1600, 1700, 1800, 2000]
     )
+    parser.add_argument("--average-from", type=int, default=None, help="first averaged step")
+    parser.add_argument("--average-every", type=int, default=10)
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_intermixed_args(argv)
 
 
-def mean_nll(target, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
-    """The chains' mean NLL per example on ``(x, y)``."""
-    from metasampler.benchmark.metrics import predict_log_probs
+def nlls(target, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """The chains' mean NLL per example on ``(x, y)`` and their ensemble's (the NLL of the
+    chains' average predictive)."""
+    from metasampler.benchmark.metrics import ensemble_log_probs_from_lp, predict_log_probs
 
     log_probs = predict_log_probs(target, theta, x, 1000)
     labels = y.view(1, -1, 1).expand(log_probs.shape[0], -1, 1)
-    return float(-log_probs.gather(-1, labels).mean())
+    ensemble = ensemble_log_probs_from_lp(log_probs).gather(-1, y.view(-1, 1))
+    return float(-log_probs.gather(-1, labels).mean()), float(-ensemble.mean())
+
+
+# Bins of "training examples with this input feature non-zero" for the first-layer split.
+_FREQUENCY_BINS = ((0, 0), (1, 9), (10, 99), (100, 999), (1000, None))
+
+
+def first_layer_split(target, x_train: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
+    """Flat indices of the first-layer weights per input-frequency bin (``None``: no such layer)."""
+    name, weight = next(iter(target.module.named_parameters()))
+    if weight.dim() != 2 or weight.shape[1] != x_train[0].numel():
+        return None
+    on_count = (x_train.flatten(1) != 0).sum(0)
+    index = torch.arange(weight.numel()).view(weight.shape)
+    split = []
+    for low, high in _FREQUENCY_BINS:
+        inside = (on_count >= low) & (on_count <= (high if high is not None else on_count.max()))
+        label = f"{low}" if high == low else f"{low}-{high}" if high else f">= {low}"
+        split.append((f"{label} ({int(inside.sum())} inputs)", index[:, inside].reshape(-1)))
+    return split
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     import evaluate
     from experiments.benchmark_config import load_benchmark_config
     from metasampler import sample
+    from metasampler.benchmark.metrics import RunningAverage, predict_log_probs
     from metasampler.benchmark.protocol import MethodFactory
 
     cfg = load_benchmark_config(args.config, args.overrides)
@@ -74,22 +108,50 @@ def main(argv: list[str] | None = None) -> int:
     sampler = factory(args.lr, budget.n_steps)
     print(f"{problem.name}: D = {target.dim}; prior typical set: |theta|^2 / 2 ~ "
           f"{target.dim * cfg.task.prior_std**2 / 2:.0f}")  # fmt: skip
-    print("| step | train NLL | test NLL | energy | abs(theta)^2 / 2 |\n|---:|---:|---:|---:|---:|")
+    print("| step | train NLL | test NLL | test NLL, ensemble | energy | abs(theta)^2 / 2 |\n"
+          "|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+
+    split = first_layer_split(target, data.x_train)
+    by_frequency: dict[int, list[float]] = {}
+    average = RunningAverage()
 
     def report(state) -> None:
+        start = args.average_from
+        if (
+            start is not None
+            and state.step >= start
+            and (state.step - start) % args.average_every == 0
+        ):
+            average.update(predict_log_probs(target, state.theta, data.x_test, 1000))
         if state.step in args.steps:
-            train = mean_nll(target, state.theta, data.x_train, data.y_train)
-            test = mean_nll(target, state.theta, data.x_test, data.y_test)
+            if split is not None:
+                half_sq = state.theta.pow(2) / 2
+                by_frequency[state.step] = [float(half_sq[:, i].mean()) for _, i in split]
+            train, _ = nlls(target, state.theta, data.x_train, data.y_train)
+            test, ensemble = nlls(target, state.theta, data.x_test, data.y_test)
             norm = float(state.theta.pow(2).sum(-1).mean()) / 2
             energy = float(state.energy.mean())
-            print(f"| {state.step} | {train:.4f} | {test:.4f} | {energy:.1f} | {norm:.1f} |",
-                  flush=True)  # fmt: skip
+            print(f"| {state.step} | {train:.4f} | {test:.4f} | {ensemble:.4f} | {energy:.1f} | "
+                  f"{norm:.1f} |", flush=True)  # fmt: skip
 
     sample(
         sampler, target, budget.n_chains, budget.n_steps,
         init=lambda gen: problem.init(budget.n_chains, gen), seed=args.seed, progress=False,
         callback=report, store=False,
     )  # fmt: skip
+    if split is not None:
+        print("\nFirst-layer weights by how many training examples have their input non-zero: "
+              f"mean theta^2 / 2 per weight (prior: {cfg.task.prior_std**2 / 2:.3f})")  # fmt: skip
+        print("| step | " + " | ".join(label for label, _ in split) + " |")
+        print("|---:|" + "---:|" * len(split))
+        for step, means in by_frequency.items():
+            print(f"| {step} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+    if average.count:
+        log_mean = average.log_mean()
+        nll = float(-log_mean.gather(-1, data.y_test.view(-1, 1)).mean())
+        error = float((log_mean.argmax(-1) != data.y_test).double().mean()) * 100
+        print(f"\nPosterior average over {average.count} chain states from step "
+              f"{args.average_from}: test NLL {nll:.4f}, error {error:.2f} %")  # fmt: skip
     return 0
 
 

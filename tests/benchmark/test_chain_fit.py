@@ -1,0 +1,57 @@
+"""scripts/chain_fit.py: the first-layer split by input frequency and the chains' NLLs."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from metasampler import BayesianModel
+from tasks.bnn import make_mlp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import chain_fit  # noqa: E402
+
+sys.path.pop(0)
+
+
+def test_first_layer_split_groups_weights_by_how_often_their_input_is_on() -> None:
+    # Input 0 is never on, input 1 on in 5 examples, input 2 in 50, input 3 in all 1,200.
+    n = 1200
+    x = torch.zeros(n, 4)
+    x[:5, 1], x[:50, 2], x[:, 3] = 1.0, 2.0, -1.0
+    target = BayesianModel(make_mlp(4, [3], 2), (x, torch.zeros(n, dtype=torch.long)))
+    split = chain_fit.first_layer_split(target, x)
+    assert [label.split(" (")[0] for label, _ in split] == [
+        "0",
+        "1-9",
+        "10-99",
+        "100-999",
+        ">= 1000",
+    ]
+    assert [len(i) for _, i in split] == [3, 3, 3, 0, 3]  # (3 hidden units per input)
+    weight = torch.arange(12).view(3, 4)  # the first layer's flat indices, row-major
+    for (_, indices), column in zip(split, [0, 1, 2, None, 3], strict=True):
+        expected = [] if column is None else weight[:, column].tolist()
+        assert indices.tolist() == expected
+
+
+def test_first_layer_split_skips_models_whose_first_parameter_is_not_on_the_inputs() -> None:
+    x = torch.zeros(10, 1, 4, 4)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+    target = BayesianModel(conv, (x, torch.zeros(10, dtype=torch.long)))
+    assert chain_fit.first_layer_split(target, x) is None
+
+
+def test_nlls_are_the_mean_member_nll_and_the_ensemble_nll() -> None:
+    # A 1-input, 2-class logistic model: chain k predicts class 1 with logit theta_k * x.
+    x = torch.ones(2, 1)
+    y = torch.tensor([1, 1])
+    target = BayesianModel(torch.nn.Linear(1, 2, bias=False), (x, y))
+    theta = torch.tensor([[0.0, 1.0], [0.0, -1.0]])  # logits (0, 1) and (0, -1)
+    member, ensemble = chain_fit.nlls(target, theta, x, y)
+    p1 = 1 / (1 + math.exp(-1.0))  # each chain's P(class 1): p1 and 1 - p1
+    assert math.isclose(member, -(math.log(p1) + math.log(1 - p1)) / 2, rel_tol=1e-9)
+    assert math.isclose(ensemble, math.log(2.0), rel_tol=1e-9)  # (their average is 1/2)
