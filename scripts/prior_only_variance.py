@@ -1,0 +1,97 @@
+"""What variance a method of an ``evaluate.py`` config gives a coordinate that only the prior sees.
+
+    python scripts/prior_only_variance.py --config configs/eval/mnist_nt_af.yaml \
+        --method csghmc --lr 0.1 methods.csghmc.momentum_decay=0.00333333 [key=value ...]
+
+A weight that no training example reaches (a first-layer weight on a pixel that is blank in
+every training digit) has the prior as its posterior, ``N(0, s^2)``: its energy is
+``theta^2 / (2 s^2)`` and its stochastic gradient is exact. This runs the method (its options,
+warm-up and schedule as the protocol builds them for the config's ``N``) on ``D`` independent
+such coordinates with ``s = 1``, from zero, and prints the mean of ``theta^2`` (the variance
+it samples; 1 is right) over the sampling stages after the first ``--skip`` steps and at the
+end of each of ``--segments`` equal segments of the run (the cycles of a cyclical schedule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--method", required=True, help="a key of the config's methods")
+    parser.add_argument("--lr", type=float, required=True, help="per-batch learning rate")
+    parser.add_argument("--sampler", default=None, help="NNSGHMC file (nnsghmc, cnnsghmc)")
+    parser.add_argument("--steps", type=int, default=None, help="default: the config's")
+    parser.add_argument("--dim", type=int, default=20000, help="independent coordinates")
+    parser.add_argument("--skip", type=int, default=None, help="default: the first segment")
+    parser.add_argument("--segments", type=int, default=None, help="default: n_cycles or 4")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    return parser.parse_intermixed_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from omegaconf import OmegaConf
+
+    import evaluate
+    from experiments.benchmark_config import load_benchmark_config
+    from metasampler import sample
+    from metasampler.benchmark.protocol import MethodFactory
+    from metasampler.targets import EnergyTarget
+
+    cfg = load_benchmark_config(args.config, args.overrides)
+    torch.set_num_threads(cfg.threads)
+    options = OmegaConf.to_container(cfg.methods[args.method], resolve=True)
+    options.pop("momentum_decay_grid", None)  # (the config's constant friction, not a grid)
+    n_data = evaluate._build_problem(cfg, torch.device("cpu")).target.n_data  # (the config's N)
+    steps = args.steps or cfg.budget.n_steps
+    factory = MethodFactory(
+        args.method,
+        options,
+        n_data,
+        cfg.budget.warmup_steps,
+        cfg.budget.warmup_lr_factor,
+        args.sampler,
+    )
+    sampler = factory(args.lr, steps)
+    segments = args.segments or int(options.get("n_cycles", 4))
+    length = steps // segments
+    skip = length if args.skip is None else args.skip
+    target = EnergyTarget(
+        lambda x: x.pow(2).sum(-1) / 2, args.dim, grad_fn=lambda x: x, n_data=n_data
+    )
+    kept: list[float] = []
+    ends: list[float] = []
+
+    def record(state) -> None:
+        variance = float(state.theta.pow(2).mean())
+        if state.step > skip and sampler.collects(state.step):
+            kept.append(variance)
+        if state.step % length == 0:
+            ends.append(variance)
+
+    sample(
+        sampler, target, 1, steps, init=lambda gen: torch.zeros(1, args.dim), seed=args.seed,
+        progress=False, callback=record, store=False,
+    )  # fmt: skip
+    print(f"{args.method} at lr {args.lr} ({' '.join(args.overrides) or 'config options'}), "
+          f"N = {n_data}, {steps} steps: variance over the sampling stages after step {skip} "
+          f"{sum(kept) / max(len(kept), 1):.3f} (target 1); at the end of each of "
+          f"{segments} segments " + ", ".join(f"{v:.3f}" for v in ends))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
