@@ -6,10 +6,12 @@
 A weight that no training example reaches (a first-layer weight on a pixel that is blank in
 every training digit) has the prior as its posterior, ``N(0, s^2)``: its energy is
 ``theta^2 / (2 s^2)`` and its stochastic gradient is exact. This runs the method (its options,
-warm-up and schedule as the protocol builds them for the config's ``N``) on ``D`` independent
-such coordinates with ``s = 1``, from zero, and prints the mean of ``theta^2`` (the variance
-it samples; 1 is right) over the sampling stages after the first ``--skip`` steps and at the
-end of each of ``--segments`` equal segments of the run (the cycles of a cyclical schedule).
+warm-up and schedule as the protocol builds them for the config's ``N``) on ``--dim``
+independent such coordinates with ``s = 1`` in each of the config's chains (so that a
+preconditioner pooled over the chains, as NNSGHMC's is, averages what it would in the network),
+from zero, and prints the mean of ``theta^2`` (the variance it samples; 1 is right) over the
+sampling stages after the first ``--skip`` steps and at the end of each of ``--segments`` equal
+segments of the run (the cycles of a cyclical schedule).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, required=True, help="per-batch learning rate")
     parser.add_argument("--sampler", default=None, help="NNSGHMC file (nnsghmc, cnnsghmc)")
     parser.add_argument("--steps", type=int, default=None, help="default: the config's")
-    parser.add_argument("--dim", type=int, default=20000, help="independent coordinates")
+    parser.add_argument("--dim", type=int, default=5000, help="coordinates per chain")
+    parser.add_argument("--chains", type=int, default=None, help="default: the config's")
     parser.add_argument("--skip", type=int, default=None, help="default: the first segment")
     parser.add_argument("--segments", type=int, default=None, help="default: n_cycles or 4")
     parser.add_argument("--seed", type=int, default=0)
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         args.sampler,
     )
     sampler = factory(args.lr, steps)
+    chains = args.chains or cfg.budget.n_chains
     segments = args.segments or int(options.get("n_cycles", 4))
     length = steps // segments
     skip = length if args.skip is None else args.skip
@@ -83,11 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             ends.append(variance)
 
     sample(
-        sampler, target, 1, steps, init=lambda gen: torch.zeros(1, args.dim), seed=args.seed,
-        progress=False, callback=record, store=False,
+        sampler, target, chains, steps, init=lambda gen: torch.zeros(chains, args.dim),
+        seed=args.seed, progress=False, callback=record, store=False,
     )  # fmt: skip
     print(f"{args.method} at lr {args.lr} ({' '.join(args.overrides) or 'config options'}), "
-          f"N = {n_data}, {steps} steps: variance over the sampling stages after step {skip} "
+          f"N = {n_data}, {chains} chains x {args.dim}, {steps} steps: variance over the "
+          f"sampling stages after step {skip} "
           f"{sum(kept) / max(len(kept), 1):.3f} (target 1); at the end of each of "
           f"{segments} segments " + ", ".join(f"{v:.3f}" for v in ends))  # fmt: skip
     return 0

@@ -28,7 +28,7 @@ def sampled_variance(monkeypatch, capsys, method: str, lr: float, *overrides: st
     # (N of the config's training split, without loading the digits)
     problem = SimpleNamespace(target=SimpleNamespace(n_data=3500))
     monkeypatch.setattr(evaluate, "_build_problem", lambda cfg, device: problem)
-    argv = ["--config", CONFIG, "--method", method, "--lr", str(lr), "--dim", "4000", *overrides]
+    argv = ["--config", CONFIG, "--method", method, "--lr", str(lr), "--dim", "1000", *overrides]
     assert prior_only_variance.main(argv) == 0
     line = capsys.readouterr().out
     return float(re.search(r"after step \d+ ([0-9.]+)", line).group(1))
