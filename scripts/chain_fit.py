@@ -71,7 +71,7 @@ _FREQUENCY_BINS = ((0, 0), (1, 9), (10, 99), (100, 999), (1000, None))
 
 def first_layer_split(target, x_train: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
     """Flat indices of the first-layer weights per input-frequency bin (``None``: no such layer)."""
-    name, weight = next(iter(target.module.named_parameters()))
+    _, weight = next(iter(target.module.named_parameters()))
     if weight.dim() != 2 or weight.shape[1] != x_train[0].numel():
         return None
     on_count = (x_train.flatten(1) != 0).sum(0)
@@ -84,6 +84,25 @@ def first_layer_split(target, x_train: torch.Tensor) -> list[tuple[str, torch.Te
     return split
 
 
+def print_split(split: list, by_step: dict[int, list[float]], prior_std: float) -> None:
+    """The first-layer table: mean ``theta^2 / 2`` per weight in each bin at each step."""
+    print("\nFirst-layer weights by how many training examples have their input non-zero: "
+          f"mean theta^2 / 2 per weight (prior: {prior_std**2 / 2:.3f})")  # fmt: skip
+    print("| step | " + " | ".join(label for label, _ in split) + " |")
+    print("|---:|" + "---:|" * len(split))
+    for step, means in by_step.items():
+        print(f"| {step} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+
+
+def print_average(average, y_test: torch.Tensor, start: int) -> None:
+    """The posterior average's test NLL and error."""
+    log_mean = average.log_mean()
+    nll = float(-log_mean.gather(-1, y_test.view(-1, 1)).mean())
+    error = float((log_mean.argmax(-1) != y_test).double().mean()) * 100
+    print(f"\nPosterior average over {average.count} chain states from step {start}: "
+          f"test NLL {nll:.4f}, error {error:.2f} %")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from omegaconf import OmegaConf
@@ -93,8 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     from metasampler import sample
     from metasampler.benchmark.metrics import RunningAverage, predict_log_probs
     from metasampler.benchmark.protocol import MethodFactory
+    from metasampler.config import ConfigError
 
-    cfg = load_benchmark_config(args.config, args.overrides)
+    try:
+        cfg = load_benchmark_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"error: config: {err}", file=sys.stderr)
+        return 2
+    if args.method not in cfg.methods:
+        print(f"error: --method {args.method!r} is not one of the config's methods: "
+              f"{', '.join(cfg.methods)}", file=sys.stderr)  # fmt: skip
+        return 2
     torch.set_num_threads(cfg.threads)
     problem = evaluate._build_problem(cfg, torch.device(cfg.device))
     data, target = problem.data, problem.target
@@ -140,18 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         callback=report, store=False,
     )  # fmt: skip
     if split is not None:
-        print("\nFirst-layer weights by how many training examples have their input non-zero: "
-              f"mean theta^2 / 2 per weight (prior: {cfg.task.prior_std**2 / 2:.3f})")  # fmt: skip
-        print("| step | " + " | ".join(label for label, _ in split) + " |")
-        print("|---:|" + "---:|" * len(split))
-        for step, means in by_frequency.items():
-            print(f"| {step} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+        print_split(split, by_frequency, cfg.task.prior_std)
     if average.count:
-        log_mean = average.log_mean()
-        nll = float(-log_mean.gather(-1, data.y_test.view(-1, 1)).mean())
-        error = float((log_mean.argmax(-1) != data.y_test).double().mean()) * 100
-        print(f"\nPosterior average over {average.count} chain states from step "
-              f"{args.average_from}: test NLL {nll:.4f}, error {error:.2f} %")  # fmt: skip
+        print_average(average, data.y_test, args.average_from)
     return 0
 
 

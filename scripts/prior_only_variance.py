@@ -52,9 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.benchmark_config import load_benchmark_config
     from metasampler import sample
     from metasampler.benchmark.protocol import MethodFactory
+    from metasampler.config import ConfigError
     from metasampler.targets import EnergyTarget
 
-    cfg = load_benchmark_config(args.config, args.overrides)
+    try:
+        cfg = load_benchmark_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"error: config: {err}", file=sys.stderr)
+        return 2
+    if args.method not in cfg.methods:
+        print(f"error: --method {args.method!r} is not one of the config's methods: "
+              f"{', '.join(cfg.methods)}", file=sys.stderr)  # fmt: skip
+        return 2
     torch.set_num_threads(cfg.threads)
     options = OmegaConf.to_container(cfg.methods[args.method], resolve=True)
     options.pop("momentum_decay_grid", None)  # (the config's constant friction, not a grid)

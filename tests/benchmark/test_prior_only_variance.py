@@ -48,3 +48,11 @@ def test_cyclical_sghmc_samples_about_half_the_prior_variance(monkeypatch, capsy
     # without its exploration stages the same schedule samples (nearly) the prior's variance
     no_explore = "methods.csghmc.explore_fraction=0.0"
     assert sampled_variance(monkeypatch, capsys, "csghmc", 0.1, friction, no_explore) > 0.85
+
+
+def test_bad_method_or_config_is_a_clear_error(capsys) -> None:
+    base = ["--config", CONFIG, "--lr", "0.1"]
+    assert prior_only_variance.main([*base, "--method", "nope"]) == 2
+    assert "--method 'nope' is not one of the config's methods" in capsys.readouterr().err
+    assert prior_only_variance.main([*base, "--method", "sghmc", "budget.n_steps=0"]) == 2
+    assert "error: config:" in capsys.readouterr().err
