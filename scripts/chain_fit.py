@@ -35,15 +35,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.one_method import add_method_arguments, load_from_args  # noqa: E402
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--method", required=True, help="a key of the config's methods")
-    parser.add_argument("--lr", type=float, required=True, help="per-batch learning rate")
-    parser.add_argument("--sampler", default=None, help="NNSGHMC file (nnsghmc, cnnsghmc)")
+    add_method_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--steps", type=int, nargs="+", default=[1, 100, 500, 1000, 1500, 1600, 1700, 1800, 2000]
@@ -105,35 +104,15 @@ def print_average(average, y_test: torch.Tensor, start: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from omegaconf import OmegaConf
-
-    import evaluate
-    from experiments.benchmark_config import load_benchmark_config
     from metasampler import sample
     from metasampler.benchmark.metrics import RunningAverage, predict_log_probs
-    from metasampler.benchmark.protocol import MethodFactory
-    from metasampler.config import ConfigError
 
-    try:
-        cfg = load_benchmark_config(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"error: config: {err}", file=sys.stderr)
+    run = load_from_args(args)
+    if run is None:
         return 2
-    if args.method not in cfg.methods:
-        print(f"error: --method {args.method!r} is not one of the config's methods: "
-              f"{', '.join(cfg.methods)}", file=sys.stderr)  # fmt: skip
-        return 2
-    torch.set_num_threads(cfg.threads)
-    problem = evaluate._build_problem(cfg, torch.device(cfg.device))
+    cfg, problem, budget = run.cfg, run.problem, run.cfg.budget
     data, target = problem.data, problem.target
-    options = OmegaConf.to_container(cfg.methods[args.method], resolve=True)
-    options.pop("momentum_decay_grid", None)  # (the config's constant friction, not a grid)
-    budget = cfg.budget
-    factory = MethodFactory(
-        args.method, options, target.n_data, budget.warmup_steps, budget.warmup_lr_factor,
-        args.sampler, cfg.device,
-    )  # fmt: skip
-    sampler = factory(args.lr, budget.n_steps)
+    sampler = run.factory(args.lr, budget.n_steps)
     print(f"{problem.name}: D = {target.dim}; prior typical set: |theta|^2 / 2 ~ "
           f"{target.dim * cfg.task.prior_std**2 / 2:.0f}")  # fmt: skip
     print("| step | train NLL | test NLL | test NLL, ensemble | energy | abs(theta)^2 / 2 |\n"

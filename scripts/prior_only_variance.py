@@ -25,15 +25,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.one_method import add_method_arguments, load_from_args  # noqa: E402
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--method", required=True, help="a key of the config's methods")
-    parser.add_argument("--lr", type=float, required=True, help="per-batch learning rate")
-    parser.add_argument("--sampler", default=None, help="NNSGHMC file (nnsghmc, cnnsghmc)")
+    add_method_arguments(parser)
     parser.add_argument("--steps", type=int, default=None, help="default: the config's")
     parser.add_argument("--dim", type=int, default=5000, help="coordinates per chain")
     parser.add_argument("--chains", type=int, default=None, help="default: the config's")
@@ -46,40 +45,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from omegaconf import OmegaConf
-
-    import evaluate
-    from experiments.benchmark_config import load_benchmark_config
     from metasampler import sample
-    from metasampler.benchmark.protocol import MethodFactory
-    from metasampler.config import ConfigError
     from metasampler.targets import EnergyTarget
 
-    try:
-        cfg = load_benchmark_config(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"error: config: {err}", file=sys.stderr)
+    run = load_from_args(args)
+    if run is None:
         return 2
-    if args.method not in cfg.methods:
-        print(f"error: --method {args.method!r} is not one of the config's methods: "
-              f"{', '.join(cfg.methods)}", file=sys.stderr)  # fmt: skip
-        return 2
-    torch.set_num_threads(cfg.threads)
-    options = OmegaConf.to_container(cfg.methods[args.method], resolve=True)
-    options.pop("momentum_decay_grid", None)  # (the config's constant friction, not a grid)
-    n_data = evaluate._build_problem(cfg, torch.device("cpu")).target.n_data  # (the config's N)
+    cfg, n_data = run.cfg, run.problem.target.n_data
     steps = args.steps or cfg.budget.n_steps
-    factory = MethodFactory(
-        args.method,
-        options,
-        n_data,
-        cfg.budget.warmup_steps,
-        cfg.budget.warmup_lr_factor,
-        args.sampler,
-    )
-    sampler = factory(args.lr, steps)
+    sampler = run.factory(args.lr, steps)
     chains = args.chains or cfg.budget.n_chains
-    segments = args.segments or int(options.get("n_cycles", 4))
+    segments = args.segments or int(run.factory.options.get("n_cycles", 4))
     length = steps // segments
     skip = length if args.skip is None else args.skip
     target = EnergyTarget(

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -22,6 +23,14 @@ sys.path.pop(0)
 import evaluate  # noqa: E402
 
 CONFIG = str(ROOT / "configs" / "eval" / "mnist_nt_af.yaml")
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    """The script sets the config's thread count; the tests after it keep theirs."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def sampled_variance(monkeypatch, capsys, method: str, lr: float, *overrides: str) -> float:
