@@ -20,8 +20,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -45,41 +43,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from metasampler import sample
-    from metasampler.targets import EnergyTarget
+    from metasampler.benchmark.prior_check import prior_only_variances, sampled_variance
 
     run = load_from_args(args)
     if run is None:
         return 2
     cfg, n_data = run.cfg, run.problem.target.n_data
     steps = args.steps or cfg.budget.n_steps
-    sampler = run.factory(args.lr, steps)
     chains = args.chains or cfg.budget.n_chains
     segments = args.segments or int(run.factory.options.get("n_cycles", 4))
     length = steps // segments
     skip = length if args.skip is None else args.skip
-    target = EnergyTarget(
-        lambda x: x.pow(2).sum(-1) / 2, args.dim, grad_fn=lambda x: x, n_data=n_data
+    rows = prior_only_variances(
+        lambda: run.factory(args.lr, steps), n_data, chains, steps, args.dim, args.seed
     )
-    kept: list[float] = []
-    ends: list[float] = []
-
-    def record(state) -> None:
-        variance = float(state.theta.pow(2).mean())
-        if state.step > skip and sampler.collects(state.step):
-            kept.append(variance)
-        if state.step % length == 0:
-            ends.append(variance)
-
-    sample(
-        sampler, target, chains, steps, init=lambda gen: torch.zeros(chains, args.dim),
-        seed=args.seed, progress=False, callback=record, store=False,
-    )  # fmt: skip
+    ends = [r.variance for r in rows if r.step % length == 0]
     print(f"{args.method} at lr {args.lr} ({' '.join(args.overrides) or 'config options'}), "
           f"N = {n_data}, {chains} chains x {args.dim}, {steps} steps: variance over the "
-          f"sampling stages after step {skip} "
-          f"{sum(kept) / max(len(kept), 1):.3f} (target 1); at the end of each of "
-          f"{segments} segments " + ", ".join(f"{v:.3f}" for v in ends))  # fmt: skip
+          f"sampling stages after step {skip} {sampled_variance(rows, skip, steps):.3f} "
+          f"(target 1); at the end of each of {segments} segments "
+          + ", ".join(f"{v:.3f}" for v in ends))  # fmt: skip
     return 0
 
 

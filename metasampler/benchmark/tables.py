@@ -73,13 +73,13 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
         *filter(None, [_protocol_line(summary)]),
         "",
         "| Method | lr | friction/step | test err % (avg) | test NLL (avg) | test err % (ens) | "
-        "test NLL (ens) | ECE (avg) | OOD entropy | ms/step | diverged |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "test NLL (ens) | ECE (avg) | OOD entropy | prior var | ms/step | diverged |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, entry in summary["methods"].items():
         label = entry["label"] + ("" if entry["is_sampler"] else " (optimiser)")
         if entry.get("error"):
-            lines.append(f"| {label} | – | – | {entry['error']} | | | | | | | |")
+            lines.append(f"| {label} | – | – | {entry['error']} | | | | | | | | |")
             continue
         friction = _friction(summary, key)
         friction = "–" if friction is None else f"{friction:g}"
@@ -93,16 +93,27 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
             ("ensemble_nll", 1, 4),
             ("average_ece", 1, 4),
             ("ood_entropy", 1, 3),
-            ("seconds_per_step", 1000, 1),
         )
         cells = " | ".join(format_mean_se(s[m], scale, digits) for m, scale, digits in columns)
-        lines.append(f"| {label} | {lr} | {friction} | {cells} | {entry['n_diverged']}/{n_runs} |")
+        prior = _prior_variance_cell(entry)
+        speed = format_mean_se(s["seconds_per_step"], 1000, 1)
+        lines.append(
+            f"| {label} | {lr} | {friction} | {cells} | {prior} | {speed} | "
+            f"{entry['n_diverged']}/{n_runs} |"
+        )
     lines += [
         "",
         "avg: running posterior average (all chains, all kept samples); ens: ensemble of the "
         "K final chains. NLL in nats per test example; ECE with "
         f"{summary['config']['ece_bins']} bins; OOD entropy: mean predictive entropy (nats) "
         "of the posterior average on out-of-distribution inputs (higher is better). "
+        "prior var: the variance the method samples, at its chosen setting, schedule and "
+        "budget, on N(0, 1) coordinates with exact gradients started at 0 (a weight no "
+        "training example reaches, whose posterior is the prior: 1 is right), over the "
+        "sampling steps after burn-in; below 1 where the chains have not spread in those "
+        "directions within the budget or sample them cold, above where they over-disperse "
+        "(metasampler.benchmark.prior_check; a learned sampler's nets see a Gaussian's "
+        "energy there, not the network's). "
         "ms/step: sampling wall-clock, evaluation excluded. lr: per-batch learning rate "
         "chosen on the validation split; friction/step: the momentum methods' friction per "
         "step a = eta C (fixed or tuned with the step, below).",
@@ -116,6 +127,15 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
             "chunks of frames; no ECE or OOD set.",
         ]
     return lines
+
+
+def _prior_variance_cell(entry: Mapping[str, Any]) -> str:
+    """The prior-only variance (``–``: an optimiser, or results written before it existed;
+    ``diverged``: the check's run did)."""
+    value = entry.get("prior_variance")
+    if value is None:
+        return "–"
+    return "diverged" if value != value else f"{value:.2f}"
 
 
 def _friction(summary: Mapping[str, Any], key: str) -> float | None:

@@ -25,6 +25,7 @@ from ..schedules import WarmUp
 from ..targets import NonFiniteError
 from .methods import METHODS
 from .metrics import frame_targets, is_sequence_model
+from .prior_check import prior_only_variances, sampled_variance
 from .protocol import MethodFactory
 from .results import BenchmarkResult, seed_statistics
 from .resume import FinishedMethods
@@ -329,7 +330,21 @@ class MethodBenchmark:
         if self.spec.warmup_alpha:
             entry["alpha"] = float(evaluated.alpha)
             entry["alpha_note"] = evaluated.alpha_note
+        if self.spec.is_sampler:
+            entry["prior_variance"] = self._prior_variance(chosen)
         self._log_tuning(chosen, lr_used, eta)
+
+    def _prior_variance(self, chosen: float | None) -> float:
+        """The variance the method samples, at the chosen setting, where only the prior acts
+        (:mod:`~metasampler.benchmark.prior_check`; 1 is right)."""
+        budget = self.setting.cfg.budget
+        rows = prior_only_variances(
+            lambda: self.make(chosen, budget.n_steps),
+            self.setting.problem.target.n_data,
+            budget.n_chains,
+            budget.n_steps,
+        )
+        return sampled_variance(rows, budget.burn_in, budget.n_steps)
 
     def _log_tuning(self, chosen: float | None, lr_used: float, eta: float) -> None:
         rows = self.tuning_rows

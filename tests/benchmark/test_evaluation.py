@@ -432,9 +432,14 @@ def test_evaluate_cli_writes_every_result(tmp_path):
         assert [r["seed"] for r in entry["runs"]] == [0, 1]
         assert 0 <= entry["summary"]["average_error"]["mean"] <= 1
         assert entry["runs"][0]["curves"][-1]["step"] == 16
+    # the prior-only check: a number for every sampler, none for the optimiser
+    assert all(0 < methods[k]["prior_variance"] < 10 for k in methods if k != "adam")
+    assert "prior_variance" not in methods["adam"]
     table = (out / "table.md").read_text()
     for label in ("NNSGHMC", "SGLD", "mSGNHT-S", "cSGLD", "cNNSGHMC", "Adam (optimiser)"):
         assert f"| {label} |" in table
+    assert "| prior var |" in table
+    assert f"| {methods['sgld']['prior_variance']:.2f} |" in table
     assert "±" in table
     curves = (out / "curves.csv").read_text().splitlines()
     assert curves[0].startswith("method,seed,step,epoch,seconds")
