@@ -45,11 +45,12 @@ def prior_only_variances(
     n_steps: int,
     dim: int = 1000,
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> list[PriorStep]:
     """Run ``make()`` for ``n_steps`` steps on ``n_chains`` chains of ``dim`` independent
-    ``N(0, 1)`` coordinates; one :class:`PriorStep` per step, up to a divergence (a step too
-    large for the Gaussian ends the list). A learned sampler runs eagerly (no compile for
-    this small, one-off target)."""
+    ``N(0, 1)`` coordinates on ``device`` (the sampler's); one :class:`PriorStep` per step,
+    up to a divergence (a step too large for the Gaussian ends the list). A learned sampler
+    runs eagerly (no compile for this small, one-off target)."""
     sampler = make()
     if hasattr(sampler, "use_compile"):
         sampler.use_compile = False
@@ -64,8 +65,8 @@ def prior_only_variances(
 
     try:
         sample(
-            sampler, target, n_chains, n_steps, init=lambda gen: torch.zeros(n_chains, dim),
-            seed=seed, progress=False, callback=record, store=False,
+            sampler, target, n_chains, n_steps, seed=seed, progress=False, callback=record,
+            store=False, init=lambda gen: torch.zeros(n_chains, dim, device=device),
         )  # fmt: skip
     except NonFiniteError:
         pass  # (the rows so far; sampled_variance says nan when none is kept)

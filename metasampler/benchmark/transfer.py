@@ -343,6 +343,7 @@ class MethodBenchmark:
             self.setting.problem.target.n_data,
             budget.n_chains,
             budget.n_steps,
+            device=self.setting.cfg.device,
         )
         return sampled_variance(rows, budget.burn_in, budget.n_steps)
 
