@@ -18,13 +18,17 @@ from metasampler.config import ConfigError
 from .benchmark_config import load_benchmark_config
 
 
-def add_method_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments that pick the method: ``--config``, ``--method``, ``--lr``, ``--sampler``,
-    each script adds its own and the config overrides (``key=value``)."""
+def method_parser(description: str | None) -> argparse.ArgumentParser:
+    """A parser with the arguments that pick the method (``--config``, ``--method``, ``--lr``,
+    ``--sampler``); each script adds its own, then the config overrides (``key=value``)."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True, help="an evaluate.py config")
     parser.add_argument("--method", required=True, help="a key of the config's methods")
     parser.add_argument("--lr", type=float, required=True, help="per-batch learning rate")
     parser.add_argument("--sampler", default=None, help="NNSGHMC file (nnsghmc, cnnsghmc)")
+    return parser
 
 
 @dataclass
@@ -67,7 +71,7 @@ def load_one_method(
 
 
 def load_from_args(args: argparse.Namespace) -> OneMethod | None:
-    """:func:`load_one_method` for the arguments of :func:`add_method_arguments` (and
+    """:func:`load_one_method` for the arguments of :func:`method_parser` (and
     ``args.overrides``); ``None`` after printing the error when the config is bad."""
     try:
         return load_one_method(args.config, args.overrides, args.method, args.sampler)

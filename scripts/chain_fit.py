@@ -35,14 +35,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.one_method import add_method_arguments, load_from_args  # noqa: E402
+from experiments.one_method import load_from_args, method_parser  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_method_arguments(parser)
+    parser = method_parser(__doc__)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--steps", type=int, nargs="+", default=[1, 100, 500, 1000, 1500, 1600, 1700, 1800, 2000]

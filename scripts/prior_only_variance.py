@@ -23,14 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.one_method import add_method_arguments, load_from_args  # noqa: E402
+from experiments.one_method import load_from_args, method_parser  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_method_arguments(parser)
+    parser = method_parser(__doc__)
     parser.add_argument("--steps", type=int, default=None, help="default: the config's")
     parser.add_argument("--dim", type=int, default=5000, help="coordinates per chain")
     parser.add_argument("--chains", type=int, default=None, help="default: the config's")
@@ -52,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or cfg.budget.n_steps
     chains = args.chains or cfg.budget.n_chains
     segments = args.segments or int(run.factory.options.get("n_cycles", 4))
-    length = steps // segments
+    length = max(1, steps // segments)
     skip = length if args.skip is None else args.skip
     rows = prior_only_variances(
         lambda: run.factory(args.lr, steps), n_data, chains, steps, args.dim, args.seed

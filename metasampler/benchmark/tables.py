@@ -135,7 +135,7 @@ def _prior_variance_cell(entry: Mapping[str, Any]) -> str:
     value = entry.get("prior_variance")
     if value is None:
         return "–"
-    return "diverged" if value != value else f"{value:.2f}"
+    return "diverged" if math.isnan(value) else f"{value:.2f}"
 
 
 def _friction(summary: Mapping[str, Any], key: str) -> float | None:
