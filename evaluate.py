@@ -31,7 +31,9 @@ were, and the next run removes the staging directories killed runs left behind):
   the final K-chain ensemble and of the posterior average, mean ± standard error, learning
   curves, and each sampler's ``prior_variance``: the variance it samples at the chosen
   setting on ``N(0, 1)`` coordinates, the posterior of a weight no training example reaches
-  (1 is right; :mod:`metasampler.benchmark.prior_check`);
+  (1 is right; :mod:`metasampler.benchmark.prior_check`), and per seed the final chains'
+  ``temperature`` ``theta . grad U(theta) / D`` (1 in expectation over the posterior;
+  :mod:`metasampler.benchmark.temperature`);
 * ``summary.csv``, ``curves.csv``, ``tuning.csv``; ``table.md`` (markdown table);
 * ``learning_curves.png`` (posterior average) and ``learning_curves_ensemble.png`` (K-chain
   ensemble): test error / NLL against epochs and sampling wall-clock (004 Fig. 3);

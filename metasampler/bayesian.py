@@ -429,6 +429,21 @@ class BayesianModel:
             loglik = loglik + batched(theta, self.x[sl], self.y[sl]).sum(-1)
         return -loglik + self.prior_energy(theta)
 
+    def full_grad(self, theta: Tensor, chunk_size: int | None = None) -> Tensor:
+        """Exact full-data ``grad U(theta)``, shape ``(K, D)``, accumulated over data chunks
+        of ``chunk_size`` examples (default: ``batch_size``), so that memory stays that of
+        one minibatch's gradient whatever ``N`` (for diagnostics; not differentiable)."""
+        self._check_theta(theta)
+        chunk = int(chunk_size or self.batch_size)
+        if chunk < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+        grad = theta.detach() / self.prior_std**2
+        for start in range(0, self.n_data, chunk):
+            sl = slice(start, start + chunk)
+            _, g = self._likelihood_energy_and_grad(theta, self.x[sl], self.y[sl], 1.0, False)
+            grad = grad + g.detach()
+        return grad
+
     # -- initial positions ------------------------------------------------------------------
     def init_positions(
         self, n_chains: int, generator: torch.Generator | None = None, scheme: str = "module"

@@ -11,7 +11,10 @@ mean NLL on the training and test splits, the test NLL of their ensemble, their 
 and half squared weight norm ``|theta|^2 / 2``. Under a Gaussian prior ``N(0, s^2 I)`` a chain
 that has reached the prior's typical set in the directions the data leave free has a half
 squared norm near ``D s^2 / 2`` (printed first), so the norm tells how far the chains have
-mixed in those directions.
+mixed in those directions. The last column is the chains' mean configurational temperature
+``theta . grad U(theta) / D`` (full-data gradient; 1 in expectation over the posterior, below
+while the chains spread from a small start or sample cold, above where they run hot:
+:mod:`metasampler.benchmark.temperature`).
 
 Where the model's first parameter is a ``Linear`` weight on the flat inputs (the MLPs), a
 second table splits the first layer's weights by how many training examples have their input
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from metasampler import sample
     from metasampler.benchmark.metrics import RunningAverage, predict_log_probs
+    from metasampler.benchmark.temperature import configurational_temperature
 
     run = load_from_args(args)
     if run is None:
@@ -112,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     sampler = run.factory(args.lr, budget.n_steps)
     print(f"{problem.name}: D = {target.dim}; prior typical set: |theta|^2 / 2 ~ "
           f"{target.dim * cfg.task.prior_std**2 / 2:.0f}")  # fmt: skip
-    print("| step | train NLL | test NLL | test NLL, ensemble | energy | abs(theta)^2 / 2 |\n"
-          "|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+    print("| step | train NLL | test NLL | test NLL, ensemble | energy | abs(theta)^2 / 2 | "
+          "temperature |\n|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
 
     split = first_layer_split(target, data.x_train)
     by_frequency: dict[int, list[float]] = {}
@@ -135,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             test, ensemble = nlls(target, state.theta, data.x_test, data.y_test)
             norm = float(state.theta.pow(2).sum(-1).mean()) / 2
             energy = float(state.energy.mean())
+            temperature = float(configurational_temperature(target, state.theta).mean())
             print(f"| {state.step} | {train:.4f} | {test:.4f} | {ensemble:.4f} | {energy:.1f} | "
-                  f"{norm:.1f} |", flush=True)  # fmt: skip
+                  f"{norm:.1f} | {temperature:.3f} |", flush=True)  # fmt: skip
 
     sample(
         sampler, target, budget.n_chains, budget.n_steps,

@@ -199,6 +199,8 @@ def test_minibatch_energy_is_unbiased_and_full_batch_is_exact():
     exact = full.evaluate(theta)
     torch.testing.assert_close(full.energy(theta), exact.energy)
     torch.testing.assert_close(full.energy(theta, chunk_size=7), exact.energy)
+    torch.testing.assert_close(full.full_grad(theta), exact.grad)
+    torch.testing.assert_close(mini.full_grad(theta, chunk_size=7), exact.grad)  # (not M)
     # M = N through a random permutation: the same sum in another order.
     perm = BayesianModel(net, (x, y), batch_size=40, dtype=F64).evaluate(theta, gen(1))
     torch.testing.assert_close(perm.energy, exact.energy)

@@ -25,6 +25,7 @@ FINAL_METRICS = (
     "ensemble_ece",
     "average_entropy",
     "ood_entropy",
+    "temperature",
     "seconds_per_step",
 )
 

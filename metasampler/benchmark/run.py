@@ -35,6 +35,7 @@ from .metrics import (
     predict_log_probs,
     predictive_entropy,
 )
+from .temperature import configurational_temperature
 
 __all__ = ["EvalSet", "MethodRun", "MethodRunner", "run_method"]
 
@@ -280,10 +281,18 @@ class MethodRunner:
             entropies["main"] = predictive_entropy(avg).cpu().numpy()
             calibration = calibration_bins(avg, self.main.y, self.main.ece_bins)
         self._extra_entropies(final, entropies, finished, averaged)
+        final["temperature"] = self._final_temperature() if finished else math.nan
         final["n_averaged"] = float(self.averages["main"].count)
         done = self.n_steps if diverged_at is None else max(diverged_at, 1)
         final["seconds_per_step"] = self.sampling_seconds / done
         return MethodRun(self.curves, final, entropies, calibration, diverged_at, message)
+
+    def _final_temperature(self) -> float:
+        """The final chains' mean configurational temperature, all ranks' chains (1 in
+        expectation over the posterior; :mod:`.temperature`)."""
+        per_chain = configurational_temperature(self.target, self.final_theta)
+        total = all_reduce_sum(per_chain.sum().to(torch.float64).reshape(1))
+        return float(total.item()) / self.n_chains
 
     def _extra_entropies(
         self,

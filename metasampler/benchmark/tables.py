@@ -73,13 +73,13 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
         *filter(None, [_protocol_line(summary)]),
         "",
         "| Method | lr | friction/step | test err % (avg) | test NLL (avg) | test err % (ens) | "
-        "test NLL (ens) | ECE (avg) | OOD entropy | prior var | ms/step | diverged |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "test NLL (ens) | ECE (avg) | OOD entropy | prior var | temp | ms/step | diverged |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, entry in summary["methods"].items():
         label = entry["label"] + ("" if entry["is_sampler"] else " (optimiser)")
         if entry.get("error"):
-            lines.append(f"| {label} | – | – | {entry['error']} | | | | | | | | |")
+            lines.append(f"| {label} | – | – | {entry['error']} | | | | | | | | | |")
             continue
         friction = _friction(summary, key)
         friction = "–" if friction is None else f"{friction:g}"
@@ -96,9 +96,11 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
         )
         cells = " | ".join(format_mean_se(s[m], scale, digits) for m, scale, digits in columns)
         prior = _prior_variance_cell(entry)
+        # (results written before the column existed have no temperature)
+        temperature = format_mean_se(s["temperature"], 1, 2) if "temperature" in s else "–"
         speed = format_mean_se(s["seconds_per_step"], 1000, 1)
         lines.append(
-            f"| {label} | {lr} | {friction} | {cells} | {prior} | {speed} | "
+            f"| {label} | {lr} | {friction} | {cells} | {prior} | {temperature} | {speed} | "
             f"{entry['n_diverged']}/{n_runs} |"
         )
     lines += [
@@ -114,6 +116,10 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
         "directions within the budget or sample them cold, above where they over-disperse "
         "(metasampler.benchmark.prior_check; a learned sampler's nets see a Gaussian's "
         "energy there, not the network's). "
+        "temp: the final chains' configurational temperature theta . grad U(theta) / D "
+        "(full-data gradient; 1 in expectation over the posterior, below while chains still "
+        "spread from their start or sample cold, above where they run hot; "
+        "metasampler.benchmark.temperature). "
         "ms/step: sampling wall-clock, evaluation excluded. lr: per-batch learning rate "
         "chosen on the validation split; friction/step: the momentum methods' friction per "
         "step a = eta C (fixed or tuned with the step, below).",

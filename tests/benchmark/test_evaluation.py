@@ -26,6 +26,7 @@ from metasampler.benchmark import (
     ensemble_metrics,
     error_rate,
     expected_calibration_error,
+    format_mean_se,
     negative_log_likelihood,
     predict_log_probs,
     predictive_entropy,
@@ -438,7 +439,14 @@ def test_evaluate_cli_writes_every_result(tmp_path):
     table = (out / "table.md").read_text()
     for label in ("NNSGHMC", "SGLD", "mSGNHT-S", "cSGLD", "cNNSGHMC", "Adam (optimiser)"):
         assert f"| {label} |" in table
-    assert "| prior var |" in table
+    assert "| prior var | temp |" in table
+    # the final chains' temperature, per seed and over seeds (16 steps: a transient, so any
+    # finite value; its value is tested in tests/benchmark/test_temperature.py)
+    for entry in methods.values():
+        runs = [r["final"]["temperature"] for r in entry["runs"]]
+        assert all(math.isfinite(t) for t in runs)
+        assert entry["summary"]["temperature"]["mean"] == pytest.approx(sum(runs) / len(runs))
+    assert f"| {format_mean_se(methods['sgld']['summary']['temperature'], 1, 2)} |" in table
     assert f"| {methods['sgld']['prior_variance']:.2f} |" in table
     assert "±" in table
     curves = (out / "curves.csv").read_text().splitlines()

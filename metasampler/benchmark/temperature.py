@@ -1,0 +1,36 @@
+"""The configurational temperature of chain states: ``theta . grad U(theta) / D``.
+
+Integrating by parts, every density ``exp(-U / T)`` on ``R^D`` whose tails vanish fast enough
+has ``E[theta . grad U(theta)] = T D`` (the virial theorem). So the mean of
+:func:`configurational_temperature` over chains that sample the posterior ``exp(-U)`` is 1,
+whatever the network, and it is read off the chains alone, with the full-data gradient: no
+reference run is needed. Chains still spreading from a small initialisation sit below 1 (their
+weights are short of the prior's scale), chains that sample a colder distribution below it too,
+hotter ones above. One scalar over all ``D`` coordinates: a necessary condition, not a proof
+that the chains sample the posterior (docs/RESULTS.md, session 35).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["configurational_temperature"]
+
+
+def configurational_temperature(target, theta: Tensor) -> Tensor:
+    """``theta . grad U(theta) / D`` per chain, shape ``(K,)``, with the full-data gradient:
+    the target's ``full_grad(theta)`` where it has one (a
+    :class:`~metasampler.BayesianModel`: chunked over the data, bounded memory), else autograd
+    through its ``energy(theta)`` (shape ``(K,)``, e.g. an
+    :class:`~metasampler.targets.EnergyTarget`)."""
+    if theta.ndim != 2:
+        raise ValueError(f"theta must be (chains, dim), got shape {tuple(theta.shape)}")
+    theta = theta.detach()
+    if hasattr(target, "full_grad"):
+        grad = target.full_grad(theta)
+    else:
+        with torch.enable_grad():
+            position = theta.clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(target.energy(position).sum(), position)
+    return (theta * grad).sum(-1) / theta.shape[-1]

@@ -1,0 +1,55 @@
+"""metasampler.benchmark.temperature: the virial's temperature of chain states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from metasampler import BayesianModel
+from metasampler.benchmark.temperature import configurational_temperature
+from metasampler.targets import EnergyTarget
+
+
+def _correlated_gaussian(dim: int) -> tuple[EnergyTarget, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    root = torch.randn(dim, dim, generator=gen, dtype=torch.float64) / dim**0.5
+    cov = root @ root.T + 0.1 * torch.eye(dim, dtype=torch.float64)
+    precision = torch.linalg.inv(cov)
+
+    def energy(theta: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((theta @ precision) * theta).sum(-1)
+
+    return EnergyTarget(energy, dim), torch.linalg.cholesky(cov)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_exact_samples_of_exp_minus_u_over_t_read_t(temperature: float) -> None:
+    # Exact draws of exp(-U / T) for a correlated Gaussian U: the chains' mean reads T within
+    # its sampling error (~1 % with 4,000 chains x 50 dimensions), and no other temperature.
+    target, chol = _correlated_gaussian(50)
+    gen = torch.Generator().manual_seed(1)
+    z = torch.randn(4000, 50, generator=gen, dtype=torch.float64)
+    theta = temperature**0.5 * z @ chol.T
+    read = configurational_temperature(target, theta)
+    assert read.shape == (4000,)
+    assert abs(float(read.mean()) / temperature - 1.0) < 0.03
+
+
+def test_a_network_reads_the_derivative_of_its_energy_along_the_ray() -> None:
+    # theta . grad U(theta) is d/ds U(s theta) at s = 1: checked against a central difference
+    # of the full-data energy of a small Bayesian MLP (all its data, prior included).
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 3, generator=gen, dtype=torch.float64)
+    y = (x[:, 0] > 0).long()
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    target = BayesianModel(net.double(), (x, y), batch_size=16)
+    theta = torch.randn(3, target.dim, generator=gen, dtype=torch.float64)
+    h = 1e-5
+    ray = (target.energy((1 + h) * theta) - target.energy((1 - h) * theta)) / (2 * h)
+    torch.testing.assert_close(configurational_temperature(target, theta), ray / target.dim)
+
+
+def test_positions_must_be_chains_by_dimensions() -> None:
+    target, _ = _correlated_gaussian(3)
+    with pytest.raises(ValueError, match="chains, dim"):
+        configurational_temperature(target, torch.zeros(3))
