@@ -14,7 +14,8 @@ squared norm near ``D s^2 / 2`` (printed first), so the norm tells how far the c
 mixed in those directions. The last column is the chains' mean configurational temperature
 ``theta . grad U(theta) / D`` (full-data gradient; 1 in expectation over the posterior, below
 while the chains spread from a small start or sample cold, above where they run hot:
-:mod:`metasampler.benchmark.temperature`).
+:mod:`metasampler.benchmark.temperature`); a last table gives it per parameter tensor (each
+also 1 at the posterior), which shows where the chains run hot or cold.
 
 Where the model's first parameter is a ``Linear`` weight on the flat inputs (the MLPs), a
 second table splits the first layer's weights by how many training examples have their input
@@ -93,6 +94,25 @@ def print_split(split: list, by_step: dict[int, list[float]], prior_std: float) 
         print(f"| {step} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
 
 
+def parameter_slices(target) -> list[tuple[str, slice]]:
+    """Each parameter tensor's name (with its size) and its slice of the flat ``theta``."""
+    spec = target.spec
+    return [
+        (f"{name} ({n})", slice(offset, offset + n))
+        for name, n, offset in zip(spec.names, spec.numels, spec.offsets, strict=True)
+    ]
+
+
+def print_temperatures(slices: list, by_step: dict[int, list[float]]) -> None:
+    """The per-tensor table: the chains' mean configurational temperature of each tensor."""
+    print("\nConfigurational temperature by parameter tensor: mean theta_i dU/dtheta_i over its "
+          "coordinates and the chains (1 at the posterior)")  # fmt: skip
+    print("| step | " + " | ".join(label for label, _ in slices) + " |")
+    print("|---:|" + "---:|" * len(slices))
+    for step, means in by_step.items():
+        print(f"| {step} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+
+
 def print_average(average, y_test: torch.Tensor, start: int) -> None:
     """The posterior average's test NLL and error."""
     log_mean = average.log_mean()
@@ -106,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from metasampler import sample
     from metasampler.benchmark.metrics import RunningAverage, predict_log_probs
-    from metasampler.benchmark.temperature import configurational_temperature
+    from metasampler.benchmark.temperature import coordinate_virials
 
     run = load_from_args(args)
     if run is None:
@@ -121,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     split = first_layer_split(target, data.x_train)
     by_frequency: dict[int, list[float]] = {}
+    slices, by_tensor = parameter_slices(target), {}
     average = RunningAverage()
 
     def report(state) -> None:
@@ -139,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             test, ensemble = nlls(target, state.theta, data.x_test, data.y_test)
             norm = float(state.theta.pow(2).sum(-1).mean()) / 2
             energy = float(state.energy.mean())
-            temperature = float(configurational_temperature(target, state.theta).mean())
+            virials = coordinate_virials(target, state.theta)
+            temperature = float(virials.mean())
+            by_tensor[state.step] = [float(virials[:, sl].mean()) for _, sl in slices]
             print(f"| {state.step} | {train:.4f} | {test:.4f} | {ensemble:.4f} | {energy:.1f} | "
                   f"{norm:.1f} | {temperature:.3f} |", flush=True)  # fmt: skip
 
@@ -150,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     if split is not None:
         print_split(split, by_frequency, cfg.task.prior_std)
+    print_temperatures(slices, by_tensor)
     if average.count:
         print_average(average, data.y_test, args.average_from)
     return 0

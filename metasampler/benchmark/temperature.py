@@ -1,13 +1,16 @@
 """The configurational temperature of chain states: ``theta . grad U(theta) / D``.
 
 Integrating by parts, every density ``exp(-U / T)`` on ``R^D`` whose tails vanish fast enough
-has ``E[theta . grad U(theta)] = T D`` (the virial theorem). So the mean of
-:func:`configurational_temperature` over chains that sample the posterior ``exp(-U)`` is 1,
-whatever the network, and it is read off the chains alone, with the full-data gradient: no
-reference run is needed. Chains still spreading from a small initialisation sit below 1 (their
-weights are short of the prior's scale), chains that sample a colder distribution below it too,
-hotter ones above. One scalar over all ``D`` coordinates: a necessary condition, not a proof
-that the chains sample the posterior (docs/RESULTS.md, session 35).
+has ``E[theta_i dU/dtheta_i] = T`` for every coordinate ``i`` (the virial theorem), so
+``E[theta . grad U(theta)] = T D``. The mean of :func:`configurational_temperature` over
+chains that sample the posterior ``exp(-U)`` is 1, whatever the network, and it is read off the
+chains alone, with the full-data gradient: no reference run is needed. Chains still spreading
+from a small initialisation sit below 1 (their weights are short of the prior's scale), chains
+that sample a colder distribution below it too, hotter ones above. Over all ``D`` coordinates
+the prior's ``|theta|^2`` dominates it; :func:`coordinate_virials` averaged over a group of
+coordinates (a layer's weights, say) gives the group's own temperature, also 1 at the
+posterior, which shows where chains run hot or cold. Necessary conditions, not a proof that
+the chains sample the posterior (docs/RESULTS.md, session 35).
 """
 
 from __future__ import annotations
@@ -15,12 +18,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["configurational_temperature"]
+__all__ = ["configurational_temperature", "coordinate_virials"]
 
 
 def configurational_temperature(target, theta: Tensor) -> Tensor:
-    """``theta . grad U(theta) / D`` per chain, shape ``(K,)``, with the full-data gradient:
-    the target's ``full_grad(theta)`` where it has one (a
+    """``theta . grad U(theta) / D`` per chain, shape ``(K,)`` (see :func:`coordinate_virials`)."""
+    return coordinate_virials(target, theta).mean(-1)
+
+
+def coordinate_virials(target, theta: Tensor) -> Tensor:
+    """``theta_i dU/dtheta_i`` per chain and coordinate, shape ``(K, D)``, with the full-data
+    gradient: the target's ``full_grad(theta)`` where it has one (a
     :class:`~metasampler.BayesianModel`: chunked over the data, bounded memory), else autograd
     through its ``energy(theta)`` (shape ``(K,)``, e.g. an
     :class:`~metasampler.targets.EnergyTarget`)."""
@@ -33,4 +41,4 @@ def configurational_temperature(target, theta: Tensor) -> Tensor:
         with torch.enable_grad():
             position = theta.clone().requires_grad_(True)
             (grad,) = torch.autograd.grad(target.energy(position).sum(), position)
-    return (theta * grad).sum(-1) / theta.shape[-1]
+    return theta * grad

@@ -55,3 +55,18 @@ def test_nlls_are_the_mean_member_nll_and_the_ensemble_nll() -> None:
     p1 = 1 / (1 + math.exp(-1.0))  # each chain's P(class 1): p1 and 1 - p1
     assert math.isclose(member, -(math.log(p1) + math.log(1 - p1)) / 2, rel_tol=1e-9)
     assert math.isclose(ensemble, math.log(2.0), rel_tol=1e-9)  # (their average is 1/2)
+
+
+def test_parameter_slices_cover_theta_in_the_targets_order() -> None:
+    x = torch.zeros(10, 4)
+    target = BayesianModel(make_mlp(4, [3], 2), (x, torch.zeros(10, dtype=torch.long)))
+    slices = chain_fit.parameter_slices(target)
+    named = list(target.module.named_parameters())
+    assert [label.split(" (")[0] for label, _ in slices] == [name for name, _ in named]
+    assert [sl.stop - sl.start for _, sl in slices] == [p.numel() for _, p in named]
+    assert slices[0][1].start == 0 and slices[-1][1].stop == target.dim
+    # a tensor's slice of theta is that tensor (the target's flattening)
+    theta = torch.arange(target.dim, dtype=torch.float32)
+    params = target.spec.unflatten(theta)
+    for (name, _), (_, sl) in zip(named, slices, strict=True):
+        assert torch.equal(params[name].flatten(), theta[sl])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from metasampler import BayesianModel
-from metasampler.benchmark.temperature import configurational_temperature
+from metasampler.benchmark.temperature import configurational_temperature, coordinate_virials
 from metasampler.targets import EnergyTarget
 
 
@@ -33,6 +33,11 @@ def test_exact_samples_of_exp_minus_u_over_t_read_t(temperature: float) -> None:
     read = configurational_temperature(target, theta)
     assert read.shape == (4000,)
     assert abs(float(read.mean()) / temperature - 1.0) < 0.03
+    # ... and so does every coordinate on its own, within 4 standard errors of its mean
+    virials = coordinate_virials(target, theta)
+    se = virials.std(0) / 4000**0.5
+    assert ((virials.mean(0) - temperature).abs() < 4 * se).all()
+    assert (se < 0.15 * temperature).all()  # (the check has power)
 
 
 def test_a_network_reads_the_derivative_of_its_energy_along_the_ray() -> None:
