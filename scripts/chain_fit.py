@@ -103,14 +103,19 @@ def parameter_slices(target) -> list[tuple[str, slice]]:
     ]
 
 
-def print_temperatures(slices: list, by_step: dict[int, list[float]]) -> None:
+def mean_and_se(per_chain: torch.Tensor) -> tuple[float, float]:
+    """Mean over the chains and its standard error (the chains are independent)."""
+    return float(per_chain.mean()), float(per_chain.std() / per_chain.numel() ** 0.5)
+
+
+def print_temperatures(slices: list, by_step: dict[int, list[tuple[float, float]]]) -> None:
     """The per-tensor table: the chains' mean configurational temperature of each tensor."""
     print("\nConfigurational temperature by parameter tensor: mean theta_i dU/dtheta_i over its "
-          "coordinates and the chains (1 at the posterior)")  # fmt: skip
+          "coordinates, mean ± standard error over the chains (1 at the posterior)")  # fmt: skip
     print("| step | " + " | ".join(label for label, _ in slices) + " |")
     print("|---:|" + "---:|" * len(slices))
-    for step, means in by_step.items():
-        print(f"| {step} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+    for step, cells in by_step.items():
+        print(f"| {step} | " + " | ".join(f"{m:.3f} ± {se:.3f}" for m, se in cells) + " |")
 
 
 def print_average(average, y_test: torch.Tensor, start: int) -> None:
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             energy = float(state.energy.mean())
             virials = coordinate_virials(target, state.theta)
             temperature = float(virials.mean())
-            by_tensor[state.step] = [float(virials[:, sl].mean()) for _, sl in slices]
+            by_tensor[state.step] = [mean_and_se(virials[:, sl].mean(-1)) for _, sl in slices]
             print(f"| {state.step} | {train:.4f} | {test:.4f} | {ensemble:.4f} | {energy:.1f} | "
                   f"{norm:.1f} | {temperature:.3f} |", flush=True)  # fmt: skip
 

@@ -70,3 +70,9 @@ def test_parameter_slices_cover_theta_in_the_targets_order() -> None:
     params = target.spec.unflatten(theta)
     for (name, _), (_, sl) in zip(named, slices, strict=True):
         assert torch.equal(params[name].flatten(), theta[sl])
+
+
+def test_mean_and_se_over_chains() -> None:
+    mean, se = chain_fit.mean_and_se(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert mean == 2.5
+    assert math.isclose(se, torch.tensor([1.0, 2.0, 3.0, 4.0]).std().item() / 2)
