@@ -419,9 +419,7 @@ class BayesianModel:
         ``chunk_size`` examples (default: ``batch_size``) to bound memory. Differentiable when
         grad mode is on (wrap in ``torch.no_grad()`` for evaluation)."""
         self._check_theta(theta)
-        chunk = int(chunk_size or self.batch_size)
-        if chunk < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+        chunk = self._chunk(chunk_size)
         batched = vmap(self._loglik_one, in_dims=(0, None, None))
         loglik = theta.new_zeros(theta.shape[0])
         for start in range(0, self.n_data, chunk):
@@ -429,14 +427,19 @@ class BayesianModel:
             loglik = loglik + batched(theta, self.x[sl], self.y[sl]).sum(-1)
         return -loglik + self.prior_energy(theta)
 
+    def _chunk(self, chunk_size: int | None) -> int:
+        """Examples per data chunk of the full-data sums (default: ``batch_size``)."""
+        chunk = int(chunk_size or self.batch_size)
+        if chunk < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+        return chunk
+
     def full_grad(self, theta: Tensor, chunk_size: int | None = None) -> Tensor:
         """Exact full-data ``grad U(theta)``, shape ``(K, D)``, accumulated over data chunks
         of ``chunk_size`` examples (default: ``batch_size``), so that memory stays that of
         one minibatch's gradient whatever ``N`` (for diagnostics; not differentiable)."""
         self._check_theta(theta)
-        chunk = int(chunk_size or self.batch_size)
-        if chunk < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+        chunk = self._chunk(chunk_size)
         grad = theta.detach() / self.prior_std**2
         for start in range(0, self.n_data, chunk):
             sl = slice(start, start + chunk)

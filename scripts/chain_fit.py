@@ -84,14 +84,13 @@ def first_layer_split(target, x_train: torch.Tensor) -> list[tuple[str, torch.Te
     return split
 
 
-def print_split(split: list, by_step: dict[int, list[float]], prior_std: float) -> None:
-    """The first-layer table: mean ``theta^2 / 2`` per weight in each bin at each step."""
-    print("\nFirst-layer weights by how many training examples have their input non-zero: "
-          f"mean theta^2 / 2 per weight (prior: {prior_std**2 / 2:.3f})")  # fmt: skip
-    print("| step | " + " | ".join(label for label, _ in split) + " |")
-    print("|---:|" + "---:|" * len(split))
-    for step, means in by_step.items():
-        print(f"| {step} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+def print_by_step(title: str, labels: list[str], rows: dict[int, list[str]]) -> None:
+    """A table of formatted cells, one row per reported step."""
+    print(f"\n{title}")
+    print("| step | " + " | ".join(labels) + " |")
+    print("|---:|" + "---:|" * len(labels))
+    for step, cells in rows.items():
+        print(f"| {step} | " + " | ".join(cells) + " |")
 
 
 def parameter_slices(target) -> list[tuple[str, slice]]:
@@ -106,16 +105,6 @@ def parameter_slices(target) -> list[tuple[str, slice]]:
 def mean_and_se(per_chain: torch.Tensor) -> tuple[float, float]:
     """Mean over the chains and its standard error (the chains are independent)."""
     return float(per_chain.mean()), float(per_chain.std() / per_chain.numel() ** 0.5)
-
-
-def print_temperatures(slices: list, by_step: dict[int, list[tuple[float, float]]]) -> None:
-    """The per-tensor table: the chains' mean configurational temperature of each tensor."""
-    print("\nConfigurational temperature by parameter tensor: mean theta_i dU/dtheta_i over its "
-          "coordinates, mean ± standard error over the chains (1 at the posterior)")  # fmt: skip
-    print("| step | " + " | ".join(label for label, _ in slices) + " |")
-    print("|---:|" + "---:|" * len(slices))
-    for step, cells in by_step.items():
-        print(f"| {step} | " + " | ".join(f"{m:.3f} ± {se:.3f}" for m, se in cells) + " |")
 
 
 def print_average(average, y_test: torch.Tensor, start: int) -> None:
@@ -145,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
           "temperature |\n|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
 
     split = first_layer_split(target, data.x_train)
-    by_frequency: dict[int, list[float]] = {}
+    by_frequency: dict[int, list[str]] = {}
     slices, by_tensor = parameter_slices(target), {}
     average = RunningAverage()
 
@@ -160,14 +149,16 @@ def main(argv: list[str] | None = None) -> int:
         if state.step in args.steps:
             if split is not None:
                 half_sq = state.theta.pow(2) / 2
-                by_frequency[state.step] = [float(half_sq[:, i].mean()) for _, i in split]
+                by_frequency[state.step] = [f"{half_sq[:, i].mean():.3f}" for _, i in split]
             train, _ = nlls(target, state.theta, data.x_train, data.y_train)
             test, ensemble = nlls(target, state.theta, data.x_test, data.y_test)
             norm = float(state.theta.pow(2).sum(-1).mean()) / 2
             energy = float(state.energy.mean())
             virials = coordinate_virials(target, state.theta)
             temperature = float(virials.mean())
-            by_tensor[state.step] = [mean_and_se(virials[:, sl].mean(-1)) for _, sl in slices]
+            by_tensor[state.step] = [
+                "{:.3f} ± {:.3f}".format(*mean_and_se(virials[:, sl].mean(-1))) for _, sl in slices
+            ]
             print(f"| {state.step} | {train:.4f} | {test:.4f} | {ensemble:.4f} | {energy:.1f} | "
                   f"{norm:.1f} | {temperature:.3f} |", flush=True)  # fmt: skip
 
@@ -177,8 +168,16 @@ def main(argv: list[str] | None = None) -> int:
         callback=report, store=False,
     )  # fmt: skip
     if split is not None:
-        print_split(split, by_frequency, cfg.task.prior_std)
-    print_temperatures(slices, by_tensor)
+        print_by_step(
+            "First-layer weights by how many training examples have their input non-zero: mean "
+            f"theta^2 / 2 per weight (prior: {cfg.task.prior_std**2 / 2:.3f})",
+            [label for label, _ in split], by_frequency,
+        )  # fmt: skip
+    print_by_step(
+        "Configurational temperature by parameter tensor: mean theta_i dU/dtheta_i over its "
+        "coordinates, mean ± standard error over the chains (1 at the posterior)",
+        [label for label, _ in slices], by_tensor,
+    )  # fmt: skip
     if average.count:
         print_average(average, data.y_test, args.average_from)
     return 0
