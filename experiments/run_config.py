@@ -129,6 +129,7 @@ _NON_NEGATIVE = [
     "train.cross_chain_weight",
     "train.in_chain_weight",
     "train.heldout_weight",
+    "train.temperature_weight",
     "train.in_chain_burn_in",
     "train.eval_every",
     "train.average_last",
@@ -198,10 +199,13 @@ def _validate(cfg: DictConfig) -> None:
             f"({cfg.train.n_chains})"
         )
     crossing = cfg.train.cross_chain_every > 0 and cfg.train.cross_chain_weight > 0
-    if not (crossing or cfg.train.in_chain_weight > 0 or cfg.train.heldout_weight > 0):
+    slice_terms = [
+        name for name in ("heldout_weight", "temperature_weight") if getattr(cfg.train, name) > 0
+    ]
+    if not (crossing or cfg.train.in_chain_weight > 0 or slice_terms):
         raise ConfigError(
             "every loss is disabled: set train.cross_chain_every and train.cross_chain_weight, "
-            "train.in_chain_weight or train.heldout_weight"
+            "train.in_chain_weight, train.heldout_weight or train.temperature_weight"
         )
     kind = getattr(cfg.task.kind, "value", cfg.task.kind)
     if cfg.train.heldout_weight > 0 and kind not in BNN_KINDS:
@@ -209,11 +213,12 @@ def _validate(cfg: DictConfig) -> None:
             f"train.heldout_weight > 0 needs a Bayesian task with a validation split "
             f"(task.kind in {list(BNN_KINDS)}), got task.kind={kind}"
         )
-    if cfg.train.heldout_weight > 0 and cfg.train.cross_chain_every == 0:
-        raise ConfigError(
-            "train.heldout_weight > 0 needs train.cross_chain_every >= 1: the held-out loss "
-            "scores the cross-chain slices"
-        )
+    for name in slice_terms:
+        if cfg.train.cross_chain_every == 0:
+            raise ConfigError(
+                f"train.{name} > 0 needs train.cross_chain_every >= 1: that loss scores the "
+                "cross-chain slices"
+            )
     for section in ("sampler", "eval"):
         eta, lr = get(f"{section}.eta"), get(f"{section}.lr")
         if (eta is None) == (lr is None):

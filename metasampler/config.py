@@ -112,6 +112,9 @@ class TrainConfig:
     # `heldout_batch` examples of the training problem's validation split (Bayesian tasks)
     heldout_weight: float = 0.0
     heldout_batch: int = 500
+    # > 0: also the temperature loss (metasampler/meta/virial.py) on the cross-chain slices,
+    # with this weight: each parameter tensor's configurational temperature asked to be 1
+    temperature_weight: float = 0.0
     in_chain_burn_in: int = 50
     in_chain_thinning: int = 3
     in_chain_chains: int = 5

@@ -93,13 +93,11 @@ def print_by_step(title: str, labels: list[str], rows: dict[int, list[str]]) -> 
         print(f"| {step} | " + " | ".join(cells) + " |")
 
 
-def parameter_slices(target) -> list[tuple[str, slice]]:
-    """Each parameter tensor's name (with its size) and its slice of the flat ``theta``."""
-    spec = target.spec
-    return [
-        (f"{name} ({n})", slice(offset, offset + n))
-        for name, n, offset in zip(spec.names, spec.numels, spec.offsets, strict=True)
-    ]
+def labelled_slices(target) -> list[tuple[str, slice]]:
+    """Each parameter tensor's slice of the flat ``theta``, labelled with its name and size."""
+    from metasampler.benchmark.temperature import parameter_slices
+
+    return [(f"{name} ({part.stop - part.start})", part) for name, part in parameter_slices(target)]
 
 
 def mean_and_se(per_chain: torch.Tensor) -> tuple[float, float]:
@@ -135,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     split = first_layer_split(target, data.x_train)
     by_frequency: dict[int, list[str]] = {}
-    slices, by_tensor = parameter_slices(target), {}
+    slices, by_tensor = labelled_slices(target), {}
     average = RunningAverage()
 
     def report(state) -> None:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["configurational_temperature", "coordinate_virials"]
+__all__ = [
+    "configurational_temperature", "coordinate_virials", "layer_slices", "parameter_slices",
+]  # fmt: skip
 
 
 def configurational_temperature(target, theta: Tensor) -> Tensor:
@@ -42,3 +44,29 @@ def coordinate_virials(target, theta: Tensor) -> Tensor:
             position = theta.clone().requires_grad_(True)
             (grad,) = torch.autograd.grad(target.energy(position).sum(), position)
     return theta * grad
+
+
+def parameter_slices(target) -> list[tuple[str, slice]]:
+    """Each parameter tensor's name and its slice of the flat ``theta`` (a target with a
+    :class:`~metasampler.flat_params.ParamSpec`, as a :class:`~metasampler.BayesianModel`),
+    or one group ``("theta", all coordinates)`` for a target without one."""
+    spec = getattr(target, "spec", None)
+    if spec is None:
+        return [("theta", slice(0, int(target.dim)))]
+    return [
+        (name, slice(offset, offset + n))
+        for name, n, offset in zip(spec.names, spec.numels, spec.offsets, strict=True)
+    ]
+
+
+def layer_slices(target) -> list[tuple[str, slice]]:
+    """:func:`parameter_slices` with each module's adjacent tensors (a layer's weight and
+    bias) joined into one slice, named by the module (``"0"``, ``"2"``; ``"theta"``)."""
+    layers: list[tuple[str, slice]] = []
+    for name, part in parameter_slices(target):
+        module = name.rpartition(".")[0] or name
+        if layers and layers[-1][0] == module and layers[-1][1].stop == part.start:
+            layers[-1] = (module, slice(layers[-1][1].start, part.stop))
+        else:
+            layers.append((module, part))
+    return layers

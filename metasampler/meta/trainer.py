@@ -61,6 +61,7 @@ from .schedule import TruncationSchedule
 from .sharded import ShardedInChainCollector
 from .unroll import unroll_window
 from .update import MetaUpdate
+from .virial import TemperatureLoss
 
 __all__ = [
     "MetaTrainer",
@@ -135,8 +136,9 @@ class MetaTrainer(CheckpointMixin):
                 "train.accumulate, train.step_per_loss and train.continue_chains to false and "
                 "train.in_chain_span=window, or run in one process"
             )
-        if self.world > 1 and settings.heldout_weight > 0:
-            raise ConfigError("train.heldout_weight > 0 is not sharded: run in one process")
+        for name in ("heldout_weight", "temperature_weight"):
+            if self.world > 1 and getattr(settings, name) > 0:
+                raise ConfigError(f"train.{name} > 0 is not sharded: run in one process")
         self.outer = MetaOptimizer(
             sampler.parameters(), settings.optimizer_lr, settings.adam_betas, settings.grad_clip
         )
@@ -146,7 +148,7 @@ class MetaTrainer(CheckpointMixin):
         self.history = History()
         self.epoch = 0  # epochs completed
         self.step_scale = 1.0  # this epoch's multiplier on the step (train.step_scale_range)
-        self.heldout: HeldOutPredictive | None = None  # this epoch's held-out loss
+        self.slice_losses: dict[str, Any] = {}  # this epoch's held-out and temperature losses
 
     # -- training ---------------------------------------------------------------------------
     def train(self) -> History:
@@ -161,7 +163,7 @@ class MetaTrainer(CheckpointMixin):
                 started = time.perf_counter()
                 problem = self.problems(epoch, self.generator)
                 self.step_scale = self._draw_step_scale(epoch)
-                self.heldout = self._heldout(problem)
+                self.slice_losses = self._slice_losses(problem)
                 losses: list[float] = []
                 state = collector = None
                 for sub in range(s.sub_epochs):
@@ -228,11 +230,18 @@ class MetaTrainer(CheckpointMixin):
             state.theta, state.momentum = theta, momentum
         return state
 
-    def _heldout(self, problem: Any) -> HeldOutPredictive | None:
-        """The held-out predictive loss on ``problem``'s validation split (``None`` when its
-        weight is 0)."""
-        if self.settings.heldout_weight <= 0:
-            return None
+    def _slice_losses(self, problem: Any) -> dict[str, Any]:
+        """The losses of the cross-chain slices beside the ELBO's, by term name: those whose
+        weight is above 0."""
+        losses: dict[str, Any] = {}
+        if self.settings.heldout_weight > 0:
+            losses["heldout"] = self._heldout(problem)
+        if self.settings.temperature_weight > 0:
+            losses["temperature"] = TemperatureLoss(problem.target, self.generator)
+        return losses
+
+    def _heldout(self, problem: Any) -> HeldOutPredictive:
+        """The held-out predictive loss on ``problem``'s validation split."""
         data = getattr(problem, "data", None)
         log_likelihood = getattr(problem.target, "log_likelihood", None)
         if data is None or log_likelihood is None or len(getattr(data, "y_val", ())) == 0:
@@ -294,7 +303,9 @@ class MetaTrainer(CheckpointMixin):
                 except NonFiniteError as err:
                     what = f"a chain diverged ({err}){self._on_rank()}"
                     raise self._diverged(what, epoch, sub) from None
-            value = self.update.window(window, collector, accumulated, keep_graph, self.heldout)
+            value = self.update.window(
+                window, collector, accumulated, keep_graph, self.slice_losses
+            )
             if value is not None:
                 losses.append(value)
             if collector is not None and schedule.clear_pool:

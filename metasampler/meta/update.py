@@ -6,20 +6,21 @@ each rank computing its share of the global surrogate), combined with their weig
 differentiated, summed across ranks (sharded: the global gradient is the sum of the shares)
 and applied as the truncation schedule says (:mod:`.schedule`): one combined step, one step
 per loss, or — accumulating — once per segment. The held-out predictive loss
-(:mod:`.heldout`, one process only) is a third term on the same slices.
+(:mod:`.heldout`) and the temperature loss (:mod:`.virial`), one process only, are further
+terms on the same slices.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from torch import Tensor
 
 from .. import distributed
 from ..distributed import ChainShard
 from .divergence import NonFiniteLoss, abort_on_peer_failure
-from .heldout import HeldOutPredictive
 from .losses import InChainCollector, cross_chain_loss
 from .outer import (
     GradientAccumulator,
@@ -35,7 +36,13 @@ from .unroll import WindowSamples
 
 __all__ = ["MetaUpdate"]
 
-TERMS = ("cross_chain", "in_chain", "heldout")
+TERMS = ("cross_chain", "in_chain", "heldout", "temperature")
+
+
+class SliceLoss(Protocol):
+    """A loss of a window's cross-chain slices (``(K, D)`` positions attached to the graph)."""
+
+    def loss(self, positions: Sequence[Tensor]) -> Tensor: ...
 
 
 class MetaUpdate:
@@ -65,6 +72,7 @@ class MetaUpdate:
             "cross_chain": settings.cross_chain_weight,
             "in_chain": settings.in_chain_weight,
             "heldout": settings.heldout_weight,
+            "temperature": settings.temperature_weight,
         }
         self.stein = {
             "bandwidth_factor": settings.stein_bandwidth_factor,
@@ -84,14 +92,14 @@ class MetaUpdate:
         collector: InChainCollector | None,
         accumulated: GradientAccumulator | None = None,
         keep_graph: bool = False,
-        heldout: HeldOutPredictive | None = None,
+        slice_losses: Mapping[str, SliceLoss] | None = None,
     ) -> float | None:
         """The window's loss terms — cross-chain over its slices (unless its weight is 0),
         in-chain over the collector's pool when the schedule clears it after each window,
-        held-out predictive over the slices with ``heldout`` — and the update: an optimiser
-        step now (returns the total loss), or with ``accumulated`` their gradients added to it
-        (``keep_graph``: the segment's in-chain pool still needs the window's graph). ``None``
-        when the window has no loss term."""
+        each of ``slice_losses`` (by term name: ``heldout``, ``temperature``) over the slices
+        — and the update: an optimiser step now (returns the total loss), or with
+        ``accumulated`` their gradients added to it (``keep_graph``: the segment's in-chain
+        pool still needs the window's graph). ``None`` when the window has no loss term."""
         positions = window.positions
         pooled = collector is not None and collector.n_samples >= 2 and self.schedule.clear_pool
         if not positions and not pooled:
@@ -112,13 +120,15 @@ class MetaUpdate:
                     cross_chain_loss(positions, window.grads, **self.stein) if crossing else None
                 )
                 in_chain = collector.loss(**self.stein) if pooled else None
-            held = heldout.loss(positions) if heldout is not None and positions else None
-            if cross is None and in_chain is None and held is None:
+            extra = {
+                name: term.loss(positions) for name, term in (slice_losses or {}).items()
+            } if positions else {}  # fmt: skip
+            if cross is None and in_chain is None and not extra:
                 return None
             if accumulated is not None:
-                self._accumulate(accumulated, cross, in_chain, held, len(positions), keep_graph)
+                self._accumulate(accumulated, cross, in_chain, extra, len(positions), keep_graph)
                 return None
-            terms = {"cross_chain": cross, "in_chain": in_chain, "heldout": held}
+            terms = {"cross_chain": cross, "in_chain": in_chain, **extra}
             grads, values = self._gradients(terms)
         return self.apply(*self._reduce(grads, values))
 
@@ -127,19 +137,21 @@ class MetaUpdate:
         accumulated: GradientAccumulator,
         cross: Tensor | None,
         in_chain: Tensor | None,
-        held: Tensor | None,
+        extra: dict[str, Tensor],
         n: int,
         keep_graph: bool,
     ) -> None:
         # The segment's cross-chain loss is the mean over all its slices: sum each window's
         # slice surrogates now (freeing its graph unless a later term or the in-chain pool
-        # still needs it); the accumulator divides by the count at the end. The held-out
-        # loss is the mean of its windows' values.
+        # still needs it); the accumulator divides by the count at the end. Each slice loss
+        # (held-out, temperature) is the mean of its windows' values.
+        later = [*extra.values(), in_chain]
         if cross is not None:
-            retain = keep_graph or in_chain is not None or held is not None
+            retain = keep_graph or any(t is not None for t in later)
             accumulated.add("cross_chain", cross * n, n, retain_graph=retain)
-        if held is not None:
-            accumulated.add("heldout", held, 1, retain_graph=keep_graph or in_chain is not None)
+        for i, (name, value) in enumerate(extra.items()):
+            retain = keep_graph or any(t is not None for t in later[i + 1 :])
+            accumulated.add(name, value, 1, retain_graph=retain)
         if in_chain is not None:
             accumulated.add("in_chain", in_chain, 1)
 

@@ -60,9 +60,9 @@ def test_nlls_are_the_mean_member_nll_and_the_ensemble_nll() -> None:
 def test_parameter_slices_cover_theta_in_the_targets_order() -> None:
     x = torch.zeros(10, 4)
     target = BayesianModel(make_mlp(4, [3], 2), (x, torch.zeros(10, dtype=torch.long)))
-    slices = chain_fit.parameter_slices(target)
+    slices = chain_fit.labelled_slices(target)
     named = list(target.module.named_parameters())
-    assert [label.split(" (")[0] for label, _ in slices] == [name for name, _ in named]
+    assert [label for label, _ in slices] == [f"{name} ({p.numel()})" for name, p in named]
     assert [sl.stop - sl.start for _, sl in slices] == [p.numel() for _, p in named]
     assert slices[0][1].start == 0 and slices[-1][1].stop == target.dim
     # a tensor's slice of theta is that tensor (the target's flattening)

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from metasampler import BayesianModel
-from metasampler.benchmark.temperature import configurational_temperature, coordinate_virials
+from metasampler.benchmark.temperature import (
+    configurational_temperature,
+    coordinate_virials,
+    layer_slices,
+    parameter_slices,
+)
 from metasampler.targets import EnergyTarget
 
 
@@ -58,3 +63,23 @@ def test_positions_must_be_chains_by_dimensions() -> None:
     target, _ = _correlated_gaussian(3)
     with pytest.raises(ValueError, match="chains, dim"):
         configurational_temperature(target, torch.zeros(3))
+
+
+def test_parameter_slices_give_one_group_without_a_parameter_layout() -> None:
+    target = EnergyTarget(lambda theta: (theta * theta).sum(-1) / 2, dim=5)
+    assert parameter_slices(target) == [("theta", slice(0, 5))]
+    net = BayesianModel(
+        torch.nn.Linear(3, 2), (torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    )
+    assert [(name, part.stop - part.start) for name, part in parameter_slices(net)] == [
+        ("weight", 6), ("bias", 2)
+    ]  # fmt: skip
+
+
+def test_layer_slices_join_each_modules_weight_and_bias() -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    x, y = torch.zeros(5, 3), torch.zeros(5, dtype=torch.long)
+    layers = layer_slices(BayesianModel(net, (x, y)))
+    assert layers == [("0", slice(0, 16)), ("2", slice(16, 26))]
+    target = EnergyTarget(lambda theta: (theta * theta).sum(-1) / 2, dim=5)
+    assert layer_slices(target) == [("theta", slice(0, 5))]

@@ -1,0 +1,89 @@
+"""The temperature loss: every layer's configurational temperature asked to be 1.
+
+Integrating by parts, ``E[theta_i dU/dtheta_i] = 1`` at the posterior ``exp(-U)``, for every
+coordinate ``i`` (the virial theorem; :mod:`metasampler.benchmark.temperature`). Averaged over
+a group ``g`` of coordinates (a layer of a network: its weights and bias) it is the group's
+temperature, read off the chains alone. Session 35 measured it per layer
+(docs/RESULTS.md): the shipped MNIST sampler's deeper layers warm slowly and then run hot at
+the tuned step, where mSGNHT-S's thermostat holds every layer at 1. This loss asks the
+sampler's nets for that directly. Over a window's cross-chain slices (``S`` times, ``K``
+chains each, attached to the graph of the nets)::
+
+    T_g = (1 / (S K |g|)) sum_{s,k} sum_{i in g} theta_ski dŨ_s/dtheta_i (theta_sk),
+    L   = (1 / G) sum_g (T_g - 1)^2,
+
+with ``Ũ_s`` the energy on a fresh minibatch per slice (``theta . grad Ũ`` is unbiased for
+``theta . grad U``). ``L`` is differentiated through both factors of the virial (the
+Hessian-vector product ``H theta`` by double backward) and back through the unroll. The
+sampler stays a valid sampler whatever its nets learn (the complete recipe fixes the
+stationary law), so the loss can only change how fast each group reaches the posterior's
+temperature and how much the discretisation and the minibatch noise heat it there.
+A necessary condition of sampling the posterior, not a sufficient one: the ELBO losses stay
+the objective; this one is a term beside them (``train.temperature_weight``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ..benchmark.temperature import layer_slices
+
+__all__ = ["TemperatureLoss", "group_temperatures"]
+
+
+def group_temperatures(
+    positions: Sequence[Tensor],
+    target,
+    groups: Sequence[slice],
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """``T_g`` of the module docstring, shape ``(G,)``, differentiable in ``positions``.
+
+    Args:
+        positions: ``(K, D)`` slices (attached to a graph, or requiring grad).
+        target: anything with ``evaluate(theta, generator, create_graph=True)`` returning the
+            minibatch gradient ``grad`` (a :class:`~metasampler.BayesianModel`, a toy target).
+        groups: slices of the ``D`` coordinates, one per group.
+        generator: draws each slice's minibatch (and a toy target's gradient noise).
+    """
+    if len(positions) == 0:
+        raise ValueError("positions must hold at least one time slice")
+    if len(groups) == 0:
+        raise ValueError("groups must hold at least one slice of the coordinates")
+    sums = None
+    for theta in positions:
+        if theta.ndim != 2:
+            raise ValueError(f"each position must have shape (K, D), got {tuple(theta.shape)}")
+        with torch.enable_grad():
+            grad = target.evaluate(theta, generator, create_graph=True).grad
+            virial = theta * grad
+            per_group = torch.stack([virial[:, g].mean() for g in groups])
+        sums = per_group if sums is None else sums + per_group
+    return sums / len(positions)
+
+
+class TemperatureLoss:
+    """``L`` of the module docstring on a target, its groups the target's layers.
+
+    Args:
+        target: the training problem's target; a :class:`~metasampler.BayesianModel` gives
+            one group per layer (its weight and bias together: a bias alone has too few
+            coordinates for a steady virial, e.g. the 10 output biases of an MNIST MLP), any
+            other target one group of all coordinates.
+        generator: draws the minibatches (the run's generator: resume stays bit-exact).
+    """
+
+    def __init__(self, target, generator: torch.Generator) -> None:
+        if not callable(getattr(target, "evaluate", None)):
+            raise ValueError(f"the temperature loss needs a target with evaluate(), got {target!r}")
+        self.target = target
+        self.groups = [part for _, part in layer_slices(target)]
+        self.generator = generator
+
+    def loss(self, positions: Sequence[Tensor]) -> Tensor:
+        """The loss of the slices ``positions``."""
+        temperatures = group_temperatures(positions, self.target, self.groups, self.generator)
+        return (temperatures - 1.0).square().mean()

@@ -1,0 +1,134 @@
+"""The temperature loss of meta-training (issue #11): it reads each group's temperature off
+exact samples, its gradient carries the virial's Hessian term, its meta-gradient moves the
+nets downhill, and runs with it resume bit-exactly; bad settings are refused before any work."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_heldout import _run, heldout_settings, tiny_problem
+
+from experiments.run_config import load_config
+from metasampler.bayesian import BayesianModel
+from metasampler.config import ConfigError
+from metasampler.learned import NNSGHMC
+from metasampler.meta.virial import TemperatureLoss, group_temperatures
+from metasampler.targets import EnergyTarget
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_exact_samples_of_exp_minus_u_over_t_read_t_in_every_group(temperature: float) -> None:
+    gen = torch.Generator().manual_seed(0)
+    dim = 12
+    scales = torch.linspace(0.5, 3.0, dim, dtype=torch.float64)  # stiff and soft coordinates
+    mean = torch.linspace(-1.0, 1.0, dim, dtype=torch.float64)  # (the virial holds off 0 too)
+    target = EnergyTarget(lambda th: (((th - mean) / scales) ** 2).sum(-1) / 2, dim)
+    draws = mean + scales * temperature**0.5 * torch.randn(16000, dim, generator=gen).double()
+    groups = [slice(0, 3), slice(3, 8), slice(8, 12)]
+    slices = [draws[:8000].requires_grad_(True), draws[8000:].requires_grad_(True)]
+    read = group_temperatures(slices, target, groups, gen)
+    assert read.shape == (3,)
+    assert torch.allclose(read, torch.full((3,), temperature, dtype=read.dtype), rtol=0.08)
+    cold = group_temperatures([(0.5 * (draws - mean) + mean).requires_grad_(True)], target, groups)
+    assert (cold < 0.3 * temperature).all()  # a narrower law reads colder
+
+
+def test_the_gradient_carries_the_hessian_term_of_the_virial() -> None:
+    problem = tiny_problem()
+    full = problem.target  # float64 and full batch: a deterministic loss
+    target = BayesianModel(full.module, (full.x, full.y), dtype=torch.float64)
+    loss_fn = TemperatureLoss(target, torch.Generator().manual_seed(0))
+    theta = problem.init(3, torch.Generator().manual_seed(1)).double().requires_grad_(True)
+    (grad,) = torch.autograd.grad(loss_fn.loss([theta]), theta)
+    direction = torch.randn(theta.shape, generator=torch.Generator().manual_seed(2)).double()
+    h = 1e-5
+    with torch.no_grad():
+        up = loss_fn.loss([(theta + h * direction).requires_grad_(True)])
+        down = loss_fn.loss([(theta - h * direction).requires_grad_(True)])
+    numeric = float((up - down) / (2 * h))
+    assert float((grad * direction).sum()) == pytest.approx(numeric, rel=1e-5)
+    # Without the Hessian term (the gradient held fixed) the derivative is another number.
+    with torch.enable_grad():
+        fixed = target.evaluate(theta, None).grad.detach()
+        virial = theta * fixed
+        temps = torch.stack([virial[:, g].mean() for g in loss_fn.groups])
+        (partial,) = torch.autograd.grad((temps - 1).square().mean(), theta)
+    assert abs(float((partial * direction).sum()) - numeric) > 0.05 * abs(numeric)
+
+
+def test_a_step_against_its_meta_gradient_lowers_the_temperature_loss() -> None:
+    problem = tiny_problem()
+    sampler = NNSGHMC(eta=0.05, q_hidden=(5,), d_hidden=(5,), seed=2)
+
+    def loss() -> torch.Tensor:
+        gen = torch.Generator().manual_seed(3)
+        state = sampler.init(problem.init(6, gen), problem.target, gen)
+        slices = []
+        for _ in range(12):
+            state = sampler.step(state, problem.target, gen)
+            slices.append(state.theta)
+        return TemperatureLoss(problem.target, torch.Generator().manual_seed(4)).loss(slices[4::4])
+
+    params = list(sampler.parameters())
+    before = loss()
+    grads = torch.autograd.grad(before, params, allow_unused=True)
+    norm = torch.sqrt(sum((g**2).sum() for g in grads if g is not None))
+    assert norm > 0  # the loss reaches the nets through the unroll
+    with torch.no_grad():
+        for p, g in zip(params, grads, strict=True):
+            if g is not None:
+                p -= 0.02 * g / norm
+        downhill = loss()
+        for p, g in zip(params, grads, strict=True):
+            if g is not None:
+                p += 0.04 * g / norm
+        uphill = loss()
+    assert float(downhill) < float(before.detach()) < float(uphill)
+
+
+def temperature_settings(**overrides):
+    return heldout_settings(**{"heldout_weight": 0.0, "temperature_weight": 1.0, **overrides})
+
+
+def test_training_with_the_temperature_loss_logs_it_and_resumes_bit_exactly(tmp_path):
+    logged: dict[str, float] = {}
+    straight = _run(temperature_settings())
+    straight.report.logger = SimpleNamespace(scalar=lambda tag, v, step: logged.update({tag: v}))
+    straight.train()
+    assert {"loss/cross_chain", "loss/temperature"} <= set(logged)
+    assert 0 <= logged["loss/temperature"] < 10 and all(map(math.isfinite, straight.history.loss))
+    without = _run(temperature_settings(temperature_weight=0.0))
+    without.train()
+    assert straight.history.loss != without.history.loss  # the term changes the training
+    run_dir = tmp_path / "run"
+    _run(temperature_settings(epochs=2), run_dir).train()
+    resumed = _run(temperature_settings(), run_dir, seed=9)
+    assert (resumed.resume(), resumed.train().loss) == (2, straight.history.loss)
+    nets = [m.sampler.state_dict().values() for m in (straight, resumed)]
+    assert all(torch.equal(a, b) for a, b in zip(*nets, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["train.temperature_weight=-1"], "temperature_weight must be >= 0"),
+        (
+            ["train.temperature_weight=1", "train.cross_chain_every=0"],
+            "temperature_weight > 0 needs train.cross_chain_every",
+        ),
+    ],
+)
+def test_the_config_refuses_temperature_settings_that_cannot_run(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_the_temperature_loss_alone_is_a_loss_the_config_accepts():
+    overrides = ["train.cross_chain_weight=0", "train.in_chain_weight=0"]
+    with pytest.raises(ConfigError, match="every loss is disabled"):
+        load_config(None, overrides)
+    cfg = load_config(None, [*overrides, "train.temperature_weight=1"])
+    assert cfg.train.temperature_weight == 1.0
