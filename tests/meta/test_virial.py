@@ -4,17 +4,18 @@ nets downhill, and runs with it resume bit-exactly; bad settings are refused bef
 
 from __future__ import annotations
 
-import math
-from types import SimpleNamespace
-
 import pytest
 import torch
-from test_heldout import _run, heldout_settings, tiny_problem
+from test_heldout import (
+    assert_slice_loss_descends,
+    assert_term_trains_and_resumes,
+    heldout_settings,
+    tiny_problem,
+)
 
 from experiments.run_config import load_config
 from metasampler.bayesian import BayesianModel
 from metasampler.config import ConfigError
-from metasampler.learned import NNSGHMC
 from metasampler.meta.virial import TemperatureLoss, group_temperatures
 from metasampler.targets import EnergyTarget
 
@@ -61,32 +62,10 @@ def test_the_gradient_carries_the_hessian_term_of_the_virial() -> None:
 
 def test_a_step_against_its_meta_gradient_lowers_the_temperature_loss() -> None:
     problem = tiny_problem()
-    sampler = NNSGHMC(eta=0.05, q_hidden=(5,), d_hidden=(5,), seed=2)
-
-    def loss() -> torch.Tensor:
-        gen = torch.Generator().manual_seed(3)
-        state = sampler.init(problem.init(6, gen), problem.target, gen)
-        slices = []
-        for _ in range(12):
-            state = sampler.step(state, problem.target, gen)
-            slices.append(state.theta)
-        return TemperatureLoss(problem.target, torch.Generator().manual_seed(4)).loss(slices[4::4])
-
-    params = list(sampler.parameters())
-    before = loss()
-    grads = torch.autograd.grad(before, params, allow_unused=True)
-    norm = torch.sqrt(sum((g**2).sum() for g in grads if g is not None))
-    assert norm > 0  # the loss reaches the nets through the unroll
-    with torch.no_grad():
-        for p, g in zip(params, grads, strict=True):
-            if g is not None:
-                p -= 0.02 * g / norm
-        downhill = loss()
-        for p, g in zip(params, grads, strict=True):
-            if g is not None:
-                p += 0.04 * g / norm
-        uphill = loss()
-    assert float(downhill) < float(before.detach()) < float(uphill)
+    loss = TemperatureLoss(problem.target, torch.Generator())
+    assert_slice_loss_descends(
+        problem, lambda slices: (loss.generator.manual_seed(4), loss.loss(slices))[1]
+    )
 
 
 def temperature_settings(**overrides):
@@ -94,21 +73,7 @@ def temperature_settings(**overrides):
 
 
 def test_training_with_the_temperature_loss_logs_it_and_resumes_bit_exactly(tmp_path):
-    logged: dict[str, float] = {}
-    straight = _run(temperature_settings())
-    straight.report.logger = SimpleNamespace(scalar=lambda tag, v, step: logged.update({tag: v}))
-    straight.train()
-    assert {"loss/cross_chain", "loss/temperature"} <= set(logged)
-    assert 0 <= logged["loss/temperature"] < 10 and all(map(math.isfinite, straight.history.loss))
-    without = _run(temperature_settings(temperature_weight=0.0))
-    without.train()
-    assert straight.history.loss != without.history.loss  # the term changes the training
-    run_dir = tmp_path / "run"
-    _run(temperature_settings(epochs=2), run_dir).train()
-    resumed = _run(temperature_settings(), run_dir, seed=9)
-    assert (resumed.resume(), resumed.train().loss) == (2, straight.history.loss)
-    nets = [m.sampler.state_dict().values() for m in (straight, resumed)]
-    assert all(torch.equal(a, b) for a, b in zip(*nets, strict=True))
+    assert_term_trains_and_resumes(temperature_settings, "temperature", tmp_path)
 
 
 @pytest.mark.parametrize(
