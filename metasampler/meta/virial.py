@@ -10,11 +10,16 @@ sampler's nets for that directly. Over a window's cross-chain slices (``S`` time
 chains each, attached to the graph of the nets)::
 
     T_g = (1 / (S K |g|)) sum_{s,k} sum_{i in g} theta_ski dŨ_s/dtheta_i (theta_sk),
-    L   = (1 / G) sum_g (T_g - 1)^2,
+    L   = (1 / G) sum_g (T_g^a - 1) (T_g^b - 1),
 
 with ``Ũ_s`` the energy on a fresh minibatch per slice (``theta . grad Ũ`` is unbiased for
-``theta . grad U``). ``L`` is differentiated through both factors of the virial (the
-Hessian-vector product ``H theta`` by double backward) and back through the unroll. The
+``theta . grad U``) and ``T_g^a``, ``T_g^b`` the temperatures of the two halves of the chains,
+each on its own minibatches: independent estimates, so ``L`` and its gradient are unbiased for
+``(T_g - 1)^2`` and its gradient, where the square of one estimate adds its variance and a
+covariance of the estimate with its own gradient (on the toy, that version made the sampler
+hotter; docs/RESULTS.md, session 36). ``L`` may be negative. It is differentiated through both
+factors of the virial (the Hessian-vector product ``H theta`` by double backward) and back
+through the unroll. The
 sampler stays a valid sampler whatever its nets learn (the complete recipe fixes the
 stationary law), so the loss can only change how fast each group reaches the posterior's
 temperature and how much the discretisation and the minibatch noise heat it there.
@@ -39,11 +44,16 @@ def group_temperatures(
     target,
     groups: Sequence[slice],
     generator: torch.Generator | None = None,
+    halves: bool = False,
 ) -> Tensor:
-    """``T_g`` of the module docstring, shape ``(G,)``, differentiable in ``positions``.
+    """``T_g`` of the module docstring, shape ``(G,)``, differentiable in ``positions``; with
+    ``halves``, shape ``(2, G)``: ``T_g`` of the first and of the second half of the chains,
+    each half with its own minibatches (independent estimates, up to the minibatches the
+    chains shared while they were unrolled).
 
     Args:
-        positions: ``(K, D)`` slices (attached to a graph, or requiring grad).
+        positions: ``(K, D)`` slices (attached to a graph, or requiring grad; ``K >= 2`` with
+            ``halves``).
         target: anything with ``evaluate(theta, generator, create_graph=True)`` returning the
             minibatch gradient ``grad`` (a :class:`~metasampler.BayesianModel`, a toy target).
         groups: slices of the ``D`` coordinates, one per group.
@@ -55,14 +65,21 @@ def group_temperatures(
         raise ValueError("groups must hold at least one slice of the coordinates")
     sums = None
     for theta in positions:
-        if theta.ndim != 2:
-            raise ValueError(f"each position must have shape (K, D), got {tuple(theta.shape)}")
-        with torch.enable_grad():
-            grad = target.evaluate(theta, generator, create_graph=True).grad
-            virial = theta * grad
-            per_group = torch.stack([virial[:, g].mean() for g in groups])
+        if theta.ndim != 2 or (halves and theta.shape[0] < 2):
+            need = "(K >= 2, D)" if halves else "(K, D)"
+            raise ValueError(f"each position must have shape {need}, got {tuple(theta.shape)}")
+        with torch.enable_grad():  # (also under no_grad: the virial needs the gradient)
+            parts = theta.tensor_split(2) if halves else (theta,)
+            per_group = torch.stack([_virials(part, target, groups, generator) for part in parts])
         sums = per_group if sums is None else sums + per_group
-    return sums / len(positions)
+    means = sums / len(positions)
+    return means if halves else means[0]
+
+
+def _virials(theta: Tensor, target, groups: Sequence[slice], generator) -> Tensor:
+    """The mean of ``theta_i dŨ/dtheta_i`` over the chains and each group's coordinates."""
+    virial = theta * target.evaluate(theta, generator, create_graph=True).grad
+    return torch.stack([virial[:, g].mean() for g in groups])
 
 
 class TemperatureLoss:
@@ -84,6 +101,9 @@ class TemperatureLoss:
         self.generator = generator
 
     def loss(self, positions: Sequence[Tensor]) -> Tensor:
-        """The loss of the slices ``positions``."""
-        temperatures = group_temperatures(positions, self.target, self.groups, self.generator)
-        return (temperatures - 1.0).square().mean()
+        """The loss of the slices ``positions``: ``mean_g (T_g^a - 1)(T_g^b - 1)`` from the two
+        halves of the chains (see the module docstring)."""
+        first, second = group_temperatures(
+            positions, self.target, self.groups, self.generator, halves=True
+        ) - 1.0  # fmt: skip
+        return (first * second).mean()

@@ -4,6 +4,8 @@ nets downhill, and runs with it resume bit-exactly; bad settings are refused bef
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from test_heldout import (
@@ -52,12 +54,29 @@ def test_the_gradient_carries_the_hessian_term_of_the_virial() -> None:
     numeric = float((up - down) / (2 * h))
     assert float((grad * direction).sum()) == pytest.approx(numeric, rel=1e-5)
     # Without the Hessian term (the gradient held fixed) the derivative is another number.
-    with torch.enable_grad():
-        fixed = target.evaluate(theta, None).grad.detach()
-        virial = theta * fixed
-        temps = torch.stack([virial[:, g].mean() for g in loss_fn.groups])
-        (partial,) = torch.autograd.grad((temps - 1).square().mean(), theta)
+    frozen = SimpleNamespace(
+        evaluate=lambda th, gen, create_graph=False: target.evaluate(th.detach(), gen)
+    )
+    first, second = group_temperatures([theta], frozen, loss_fn.groups, halves=True) - 1.0
+    (partial,) = torch.autograd.grad((first * second).mean(), theta)
     assert abs(float((partial * direction).sum()) - numeric) > 0.05 * abs(numeric)
+
+
+def test_the_loss_is_unbiased_for_the_squared_deviation_where_a_square_is_not() -> None:
+    # Exact samples of the posterior (T = 1), noisy gradients: (T - 1)^2 = 0.
+    gen = torch.Generator().manual_seed(5)
+    target = EnergyTarget(lambda th: (th * th).sum(-1) / 2, dim=4, grad_noise_std=2.0)
+    loss_fn = TemperatureLoss(target, gen)
+    halves, squares = [], []
+    for _ in range(400):
+        theta = torch.randn(20, 4, generator=gen).requires_grad_(True)
+        halves.append(float(loss_fn.loss([theta]).detach()))
+        read = group_temperatures([theta], target, loss_fn.groups, gen)
+        squares.append(float((read.detach() - 1.0).square().mean()))
+    halves_t, squares_t = torch.tensor(halves), torch.tensor(squares)
+    se = halves_t.std() / len(halves) ** 0.5
+    assert abs(float(halves_t.mean())) < 3 * se
+    assert float(squares_t.mean()) > 10 * se  # the square adds the estimate's variance
 
 
 def test_a_step_against_its_meta_gradient_lowers_the_temperature_loss() -> None:
