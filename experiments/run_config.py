@@ -130,6 +130,7 @@ _NON_NEGATIVE = [
     "train.in_chain_weight",
     "train.heldout_weight",
     "train.temperature_weight",
+    "train.temperature_burn_in",
     "train.in_chain_burn_in",
     "train.eval_every",
     "train.average_last",

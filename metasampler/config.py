@@ -115,6 +115,7 @@ class TrainConfig:
     # > 0: also the temperature loss (metasampler/meta/virial.py) on the cross-chain slices,
     # with this weight: each parameter tensor's configurational temperature asked to be 1
     temperature_weight: float = 0.0
+    temperature_burn_in: int = 0  # steps after the chains' start before a slice counts
     in_chain_burn_in: int = 50
     in_chain_thinning: int = 3
     in_chain_chains: int = 5

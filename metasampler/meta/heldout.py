@@ -54,6 +54,8 @@ class HeldOutPredictive:
         generator: draws the minibatches (the run's generator: resume stays bit-exact).
     """
 
+    burn_in = 0  # (every slice; see metasampler.meta.update.SliceLoss)
+
     def __init__(
         self,
         log_likelihood: LogLikelihood,

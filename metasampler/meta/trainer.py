@@ -237,7 +237,9 @@ class MetaTrainer(CheckpointMixin):
         if self.settings.heldout_weight > 0:
             losses["heldout"] = self._heldout(problem)
         if self.settings.temperature_weight > 0:
-            losses["temperature"] = TemperatureLoss(problem.target, self.generator)
+            losses["temperature"] = TemperatureLoss(
+                problem.target, self.generator, self.settings.temperature_burn_in
+            )
         return losses
 
     def _heldout(self, problem: Any) -> HeldOutPredictive:

@@ -24,10 +24,12 @@ __all__ = ["WindowSamples", "unroll_window"]
 
 @dataclass
 class WindowSamples:
-    """Cross-chain slices of one window: positions ``(K, D)`` and ``grad Ũ`` there."""
+    """Cross-chain slices of one window: positions ``(K, D)``, ``grad Ũ`` there and the chains'
+    step count at each (steps since their initialisation)."""
 
     positions: list[Tensor] = field(default_factory=list)
     grads: list[Tensor] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
 
 
 def unroll_window(
@@ -66,6 +68,7 @@ def unroll_window(
         if cross_chain_every and t % cross_chain_every == 0:
             samples.positions.append(previous)
             samples.grads.append(state.grad)
+            samples.steps.append(state.step - 1)
         if collector is not None:
             collector.collect(t, previous, state.grad)
     return state, samples

@@ -40,7 +40,10 @@ TERMS = ("cross_chain", "in_chain", "heldout", "temperature")
 
 
 class SliceLoss(Protocol):
-    """A loss of a window's cross-chain slices (``(K, D)`` positions attached to the graph)."""
+    """A loss of a window's cross-chain slices (``(K, D)`` positions attached to the graph),
+    of those at least ``burn_in`` steps after the chains' initialisation."""
+
+    burn_in: int
 
     def loss(self, positions: Sequence[Tensor]) -> Tensor: ...
 
@@ -120,9 +123,7 @@ class MetaUpdate:
                     cross_chain_loss(positions, window.grads, **self.stein) if crossing else None
                 )
                 in_chain = collector.loss(**self.stein) if pooled else None
-            extra = {
-                name: term.loss(positions) for name, term in (slice_losses or {}).items()
-            } if positions else {}  # fmt: skip
+            extra = self._slice_terms(window, slice_losses or {})
             if cross is None and in_chain is None and not extra:
                 return None
             if accumulated is not None:
@@ -131,6 +132,20 @@ class MetaUpdate:
             terms = {"cross_chain": cross, "in_chain": in_chain, **extra}
             grads, values = self._gradients(terms)
         return self.apply(*self._reduce(grads, values))
+
+    @staticmethod
+    def _slice_terms(window: WindowSamples, slice_losses: Mapping[str, SliceLoss]) -> dict:
+        """Each slice loss on the window's slices past its burn-in (none there: no term)."""
+        terms = {}
+        for name, term in slice_losses.items():
+            kept = [
+                theta
+                for theta, step in zip(window.positions, window.steps, strict=True)
+                if step >= term.burn_in
+            ]
+            if kept:
+                terms[name] = term.loss(kept)
+        return terms
 
     def _accumulate(
         self,

@@ -91,14 +91,21 @@ class TemperatureLoss:
             coordinates for a steady virial, e.g. the 10 output biases of an MNIST MLP), any
             other target one group of all coordinates.
         generator: draws the minibatches (the run's generator: resume stays bit-exact).
+        burn_in: only slices at least this many steps after the chains' initialisation count
+            (a chain still converging from its start is far from the posterior's temperature
+            whatever the sampler; on the toy the loss without a burn-in rewarded converging
+            faster at the price of heat at equilibrium: docs/RESULTS.md, session 36).
     """
 
-    def __init__(self, target, generator: torch.Generator) -> None:
+    def __init__(self, target, generator: torch.Generator, burn_in: int = 0) -> None:
+        if not (isinstance(burn_in, int) and burn_in >= 0):
+            raise ValueError(f"burn_in must be an int >= 0, got {burn_in!r}")
         if not callable(getattr(target, "evaluate", None)):
             raise ValueError(f"the temperature loss needs a target with evaluate(), got {target!r}")
         self.target = target
         self.groups = [part for _, part in layer_slices(target)]
         self.generator = generator
+        self.burn_in = burn_in
 
     def loss(self, positions: Sequence[Tensor]) -> Tensor:
         """The loss of the slices ``positions``: ``mean_g (T_g^a - 1)(T_g^b - 1)`` from the two

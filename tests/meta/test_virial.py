@@ -18,6 +18,9 @@ from test_heldout import (
 from experiments.run_config import load_config
 from metasampler.bayesian import BayesianModel
 from metasampler.config import ConfigError
+from metasampler.learned import NNSGHMC
+from metasampler.meta.unroll import WindowSamples, unroll_window
+from metasampler.meta.update import MetaUpdate
 from metasampler.meta.virial import TemperatureLoss, group_temperatures
 from metasampler.targets import EnergyTarget
 
@@ -99,6 +102,7 @@ def test_training_with_the_temperature_loss_logs_it_and_resumes_bit_exactly(tmp_
     ("overrides", "message"),
     [
         (["train.temperature_weight=-1"], "temperature_weight must be >= 0"),
+        (["train.temperature_burn_in=-1"], "temperature_burn_in must be >= 0"),
         (
             ["train.temperature_weight=1", "train.cross_chain_every=0"],
             "temperature_weight > 0 needs train.cross_chain_every",
@@ -116,3 +120,31 @@ def test_the_temperature_loss_alone_is_a_loss_the_config_accepts():
         load_config(None, overrides)
     cfg = load_config(None, [*overrides, "train.temperature_weight=1"])
     assert cfg.train.temperature_weight == 1.0
+
+
+def test_only_slices_past_the_burn_in_reach_a_slice_loss() -> None:
+    seen: list[int] = []
+    term = SimpleNamespace(burn_in=4, loss=lambda kept: seen.append(len(kept)) or torch.zeros(()))
+    slices = [torch.zeros(2, 3) for _ in range(3)]
+    window = WindowSamples(positions=slices, grads=slices, steps=[2, 4, 6])
+    assert set(MetaUpdate._slice_terms(window, {"temperature": term})) == {"temperature"}
+    assert seen == [2]  # steps 4 and 6
+    term.burn_in = 7
+    assert MetaUpdate._slice_terms(window, {"temperature": term}) == {}  # none: no term
+    assert seen == [2]
+
+
+def test_unrolled_windows_record_the_chains_step_at_each_slice() -> None:
+    problem = tiny_problem()
+    sampler = NNSGHMC(eta=0.05, q_hidden=(3,), d_hidden=(3,), seed=0)
+    gen = torch.Generator().manual_seed(0)
+    state = sampler.init(problem.init(4, gen), problem.target, gen)
+    state, _ = unroll_window(
+        sampler, state, problem.target, gen, length=5, segment_start=0, cross_chain_every=2
+    )
+    state, window = unroll_window(
+        sampler, state, problem.target, gen, length=6, segment_start=0, cross_chain_every=2
+    )
+    assert window.steps == [6, 8, 10]  # the window's first position (step 5) is detached
+    with pytest.raises(ValueError, match="burn_in"):
+        TemperatureLoss(problem.target, gen, burn_in=-1)
