@@ -113,7 +113,8 @@ class TrainConfig:
     heldout_weight: float = 0.0
     heldout_batch: int = 500
     # > 0: also the temperature loss (metasampler/meta/virial.py) on the cross-chain slices,
-    # with this weight: each parameter tensor's configurational temperature asked to be 1
+    # with this weight: each layer's configurational temperature asked to be 1 (on the slices
+    # `temperature_burn_in` steps or more after the chains' start)
     temperature_weight: float = 0.0
     temperature_burn_in: int = 0  # steps after the chains' start before a slice counts
     in_chain_burn_in: int = 50

@@ -14,15 +14,18 @@ chains each, attached to the graph of the nets)::
 
 with ``Ũ_s`` the energy on a fresh minibatch per slice (``theta . grad Ũ`` is unbiased for
 ``theta . grad U``) and ``T_g^a``, ``T_g^b`` the temperatures of the two halves of the chains,
-each on its own minibatches: independent estimates, so ``L`` and its gradient are unbiased for
+each on its own minibatches: independent estimates (up to the minibatches the chains shared
+while unrolled), so ``L`` and its gradient are unbiased for
 ``(T_g - 1)^2`` and its gradient, where the square of one estimate adds its variance and a
-covariance of the estimate with its own gradient (on the toy, that version made the sampler
-hotter; docs/RESULTS.md, session 36). ``L`` may be negative. It is differentiated through both
-factors of the virial (the Hessian-vector product ``H theta`` by double backward) and back
-through the unroll. The
-sampler stays a valid sampler whatever its nets learn (the complete recipe fixes the
-stationary law), so the loss can only change how fast each group reaches the posterior's
-temperature and how much the discretisation and the minibatch noise heat it there.
+covariance of the estimate with its own gradient. ``L`` may be negative. It is differentiated
+through both factors of the virial (the Hessian-vector product ``H theta`` by double backward)
+and back through the unroll. Only slices ``burn_in`` steps or more after the chains' start
+count (``train.temperature_burn_in``): chains still converging are far from the posterior's
+temperature whatever the sampler, and on the toy the loss without a burn-in bought faster
+convergence with heat at equilibrium (docs/RESULTS.md, session 36). The sampler stays a valid
+sampler whatever its nets learn (the complete recipe fixes the stationary law), so the loss can
+only change how fast each group reaches the posterior's temperature and how much the
+discretisation and the minibatch noise heat it there.
 A necessary condition of sampling the posterior, not a sufficient one: the ELBO losses stay
 the objective; this one is a term beside them (``train.temperature_weight``).
 """
