@@ -28,6 +28,11 @@ only change how fast each group reaches the posterior's temperature and how much
 discretisation and the minibatch noise heat it there.
 A necessary condition of sampling the posterior, not a sufficient one: the ELBO losses stay
 the objective; this one is a term beside them (``train.temperature_weight``).
+
+Measured (docs/RESULTS.md, sessions 36-37), off by default for that reason: no reliable gain on
+the toy (five training seeds, KL@12k 0.026 with it, 0.021 without), and on MNIST the training
+chains do not reach the posterior's temperature within an epoch at the training step, so the
+counted slices measure how fast chains spread, not their heat at equilibrium.
 """
 
 from __future__ import annotations
