@@ -1,14 +1,18 @@
 """One markdown table across several ``evaluate.py`` result directories.
 
     python scripts/summarize_evals.py runs/eval/mnist_nt runs/eval/mnist_nt_af ... \
-        [--metric average_error] [--step 50]
+        [--metric average_error] [--step 50 | --from-step 1000]
 
 Rows are methods, columns are tasks; each cell is mean ± standard error over seeds of the chosen
 final metric (``average_error`` / ``average_nll`` / ``ensemble_error`` / ``ensemble_nll`` /
 ``average_ece`` / ``ood_entropy`` / ``seconds_per_step``), read from each ``results.json``;
 with ``--step N`` the learning-curve value at step ``N`` instead (curve metrics only:
-``ensemble_*`` / ``average_*`` error and NLL). The best sampler (not optimiser) per column is in
-bold.
+``ensemble_*`` / ``average_*`` error and NLL, ``member_nll``); with ``--from-step N`` each seed's
+mean of the curve's values from step ``N`` on. The final ensemble's NLL at the last step is one
+snapshot of 20 chains, which jumps between evaluations by more than samplers differ;
+``--metric ensemble_nll --from-step 1000`` averages it over a run's second half, the
+stationary quality of the final ensemble (standard errors about half as large on MNIST NT,
+docs/RESULTS.md session 38). The best sampler (not optimiser) per column is in bold.
 """
 
 from __future__ import annotations
@@ -33,19 +37,27 @@ def _cell(stat: dict | None, metric: str) -> tuple[str, float]:
     return format_mean_se(stat, scale, digits), stat["mean"] * scale
 
 
-def _curve_stat(entry: dict, metric: str, step: int) -> dict | None:
-    """Mean ± standard error over seeds of a learning-curve value at ``step``."""
+def _curve_stat(entry: dict, metric: str, step: int, from_step: bool = False) -> dict | None:
+    """Mean ± standard error over seeds of a learning-curve value at ``step``, or
+    (``from_step``) of each seed's mean of the values at ``step`` and after."""
     values = []
     for run in entry.get("runs", []):
-        rows = [r for r in run.get("curves", []) if r["step"] == step]
-        if rows and rows[0].get(metric) is not None:
-            values.append(float(rows[0][metric]))
+        points = [
+            float(r[metric])
+            for r in run.get("curves", [])
+            if (r["step"] >= step if from_step else r["step"] == step) and r.get(metric) is not None
+        ]
+        if points:
+            values.append(sum(points) / len(points))
     return mean_se(values) if values else None
 
 
-def summarize(directories: list[Path], metric: str, step: int | None = None) -> str:
+def summarize(
+    directories: list[Path], metric: str, step: int | None = None, from_step: bool = False
+) -> str:
     """The markdown table of ``metric`` for every method (rows) and result directory (columns),
-    final values or (``step``) learning-curve values."""
+    final values or (``step``) learning-curve values, at ``step`` or (``from_step``) averaged
+    over the steps from ``step`` on."""
     results = []
     for directory in directories:
         path = directory / "results.json"
@@ -67,7 +79,7 @@ def summarize(directories: list[Path], metric: str, step: int | None = None) -> 
             elif step is None:
                 stat = entry["summary"].get(metric)
             else:
-                stat = _curve_stat(entry, metric, step)
+                stat = _curve_stat(entry, metric, step, from_step)
             column[key] = _cell(stat, metric)
         samplers = [k for k in methods if methods[k][1] and math.isfinite(column[k][1])]
         best = None
@@ -89,10 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directories", nargs="+", type=Path)
     parser.add_argument("--metric", default="average_error")
-    parser.add_argument("--step", type=int, default=None, help="learning-curve value at a step")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--step", type=int, default=None, help="learning-curve value at a step")
+    where.add_argument(
+        "--from-step", type=int, default=None, help="learning-curve mean from a step on, per seed"
+    )
     args = parser.parse_args(argv)
+    step = args.step if args.from_step is None else args.from_step
     try:
-        print(summarize(args.directories, args.metric, args.step))
+        print(summarize(args.directories, args.metric, step, from_step=args.from_step is not None))
     except (FileNotFoundError, KeyError, json.JSONDecodeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

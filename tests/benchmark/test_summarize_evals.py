@@ -50,6 +50,28 @@ def test_step_reads_learning_curves(tmp_path):
     assert "–" in summarize_evals.summarize([a], "ensemble_error", step=99)
 
 
+def test_from_step_averages_each_seeds_curve_from_that_step_on(tmp_path):
+    curves = [  # two seeds; from step 20 on their means are 0.3 and 0.5
+        [{"step": 10, "ensemble_nll": 9.0}, {"step": 20, "ensemble_nll": 0.2},
+         {"step": 30, "ensemble_nll": 0.4}],
+        [{"step": 10, "ensemble_nll": 9.0}, {"step": 20, "ensemble_nll": 0.5},
+         {"step": 30, "ensemble_nll": None}, {"step": 40, "ensemble_nll": 0.5}],
+    ]  # fmt: skip
+    methods = {
+        "sghmc": {"label": "SGHMC", "is_sampler": True, "summary": {},
+                  "runs": [{"seed": i, "curves": c} for i, c in enumerate(curves)]},
+    }  # fmt: skip
+    directory = tmp_path / "task"
+    directory.mkdir()
+    (directory / "results.json").write_text(json.dumps({"name": "task", "methods": methods}))
+    table = summarize_evals.summarize([directory], "ensemble_nll", 20, from_step=True)
+    assert "| SGHMC | **0.400 ± 0.100** |" in table.splitlines()  # mean of 0.3 and 0.5
+    assert (
+        "| SGHMC | **0.350 ± 0.150** |"
+        in summarize_evals.summarize([directory], "ensemble_nll", 20).splitlines()
+    )  # at step 20 alone: 0.2 and 0.5
+
+
 def test_missing_results_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="results.json"):
         summarize_evals.summarize([tmp_path], "average_error")
