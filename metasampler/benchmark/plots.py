@@ -69,7 +69,11 @@ def _label(key: str) -> str:
 
 
 def _legend_above(ax) -> None:
-    """A legend for this panel, above it, so it never hides a curve."""
+    """A legend for this panel, above it, so it never hides a curve; a panel with nothing
+    drawn says so instead (merged results keep no per-example entropies)."""
+    if not ax.get_legend_handles_labels()[0]:
+        ax.text(0.5, 0.5, "no data in these results", ha="center", transform=ax.transAxes)
+        return
     ax.legend(
         fontsize=7,
         ncol=5,

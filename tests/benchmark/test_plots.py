@@ -4,6 +4,8 @@ explained, and an axis clipped where one curve would squeeze the rest."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -100,4 +102,18 @@ def test_learning_curves_explain_the_band_and_clip_an_optimiser_outlier():
         assert "clipped" not in ax.get_ylabel()
         highest = max(np.max(line.get_ydata()) for line in _lines(ax).values())
         assert ax.get_ylim()[1] >= highest
+    matplotlib.pyplot.close(fig)
+
+
+def test_a_panel_without_data_says_so_without_a_warning():
+    result = _result()
+    for runs in result.runs.values():
+        for run in runs.values():
+            run.entropies = {}  # as in merged results (results.json keeps no entropies)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns on a legend with no artists
+        fig = plot_entropy_cdf(result)
+    for ax in fig.axes:
+        assert ax.get_legend() is None
+        assert [t.get_text() for t in ax.texts if "no data" in t.get_text()]
     matplotlib.pyplot.close(fig)
