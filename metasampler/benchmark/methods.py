@@ -106,6 +106,10 @@ class NNSGHMCMethod(MethodGrid):
     # halves and leave its share out of the injected noise (the sampler's
     # `grad_noise_estimate`; the sampler is not told any variance by default).
     grad_noise_estimate: bool = False
+    # A cooling stage: the estimate off before this step of every run (tuning runs too) and
+    # on from it, so hot chains feed the posterior average and cooled ones the final
+    # ensemble (docs/RESULTS.md, session 38); null: `grad_noise_estimate` for the whole run.
+    grad_noise_estimate_from: int | None = None
 
 
 @dataclass
@@ -152,6 +156,8 @@ class SGHMCMethod(_Friction):
     # B estimated per coordinate from the minibatch's two halves (SGHMC's
     # `grad_noise_estimate`; the control for NNSGHMC's option of that name)
     grad_noise_estimate: bool = False
+    # the cooling stage of NNSGHMC's option of that name
+    grad_noise_estimate_from: int | None = None
 
 
 @dataclass
@@ -458,6 +464,21 @@ def _finite_positive(value: Any) -> bool:
     return value > 0 and math.isfinite(value)
 
 
+def _check_noise_estimate_from(key: str, section: Mapping[str, Any]) -> None:
+    start = section.get("grad_noise_estimate_from")
+    if start is None:
+        return
+    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+        raise ConfigError(
+            f"methods.{key}.grad_noise_estimate_from must be a step >= 1 or null, got {start!r}"
+        )
+    if section.get("grad_noise_estimate"):
+        raise ConfigError(
+            f"methods.{key}: grad_noise_estimate_from turns the estimate on from a step; "
+            "set grad_noise_estimate to false with it (true estimates for the whole run)"
+        )
+
+
 def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int) -> None:
     """Range checks of the config section ``methods.<key>``.
 
@@ -505,6 +526,7 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
             f"methods.{key}.n_cycles must be in [1, {shortest_run}] (the shortest run, "
             f"budget.n_steps or tune.n_steps), got {section['n_cycles']!r}"
         )
+    _check_noise_estimate_from(key, section)
     alpha = section.get("alpha_per_step")
     if alpha is not None and not (alpha >= 0 and math.isfinite(alpha)):
         raise ConfigError(

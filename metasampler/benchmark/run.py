@@ -144,7 +144,14 @@ class MethodRunner:
         ece_bins: int = 15,
         on_step: Callable[[int], None] | None = None,
         on_eval: Callable[[dict[str, float]], None] | None = None,
+        noise_estimate_from: int | None = None,
     ) -> None:
+        if noise_estimate_from is not None and not hasattr(sampler, "grad_noise_estimate"):
+            raise ValueError(
+                f"noise_estimate_from needs a sampler with grad_noise_estimate (NNSGHMC, SGHMC), "
+                f"not {type(sampler).__name__}"
+            )
+        self.noise_estimate_from = noise_estimate_from
         self.main = _MainSet(target, main, eval_batch_size, ece_bins)
         self.extra = dict(extra or {})
         if self.main.sequence and self.extra:
@@ -166,6 +173,8 @@ class MethodRunner:
         """Sample and score; a chain that becomes non-finite ends the run (see
         :func:`run_method`)."""
         diverged_at, message = None, None
+        if self.noise_estimate_from is not None:
+            self.sampler.grad_noise_estimate = self.noise_estimate_from <= 1
         self._mark = time.perf_counter()
         try:
             sample(
@@ -207,6 +216,8 @@ class MethodRunner:
                 self._report(k, main_lp)
                 if k == self.n_steps:
                     self.final_theta, self.final_lp = state.theta, main_lp
+        if self.noise_estimate_from is not None and k + 1 == self.noise_estimate_from:
+            self.sampler.grad_noise_estimate = True  # the cooling stage from the next step
         if self.on_step is not None:
             self.on_step(k)
         self._step = k
@@ -355,6 +366,11 @@ def run_method(
         ece_bins: bins of the calibration error.
         on_step: called with the step index after every step (progress bars).
         on_eval: called with every learning-curve row.
+        noise_estimate_from: a cooling stage: the sampler's ``grad_noise_estimate`` is off
+            before this step (1-based) and on from it (NNSGHMC and SGHMC: the minibatch
+            noise's share of the injected noise is left out, so the chains cool to the
+            posterior's temperature for the final ensemble; docs/RESULTS.md, session 38).
+            ``None``: the sampler's own setting for the whole run.
     """
     return MethodRunner(sampler, target, init, **kwargs).run()
 

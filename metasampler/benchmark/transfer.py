@@ -264,6 +264,7 @@ class MethodBenchmark:
             result = self.setting.run(
                 self.make(lr, tune.n_steps),
                 tune,
+                noise_estimate_from=self._noise_estimate_from,
                 main=self.setting.val,
                 n_chains=tune.n_chains or self.setting.cfg.budget.n_chains,
                 eval_every=tune.n_steps,
@@ -374,6 +375,12 @@ class MethodBenchmark:
             writer.add_text("tune/chosen", chosen_text)
             writer.close()
 
+    @property
+    def _noise_estimate_from(self) -> int | None:
+        """The step from which the sampler estimates its gradient noise (a cooling stage), or
+        ``None`` (its ``grad_noise_estimate`` option holds for the whole run)."""
+        return self.make.options.get("grad_noise_estimate_from")
+
     # -- evaluation --------------------------------------------------------------------------
     def _run_seed(self, chosen: float | None, seed: int) -> dict[str, Any]:
         setting, budget = self.setting, self.setting.cfg.budget
@@ -382,6 +389,7 @@ class MethodBenchmark:
         result = setting.run(
             self.make(chosen, budget.n_steps),
             budget,
+            noise_estimate_from=self._noise_estimate_from,
             main=setting.test,
             extra=setting.extra,
             n_chains=budget.n_chains,

@@ -281,6 +281,41 @@ def test_run_method_records_divergence():
     assert math.isnan(run.final["average_nll"])
 
 
+def test_a_cooling_stage_estimates_the_gradient_noise_from_its_step_on(monkeypatch):
+    problem = _tiny_problem()
+    asked = []  # estimate_noise of every target evaluation, in order
+    evaluate = problem.target.evaluate
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("estimate_noise", False))
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(problem.target, "evaluate", spy)
+    sampler = build_method("sghmc", {}, 0.01, n_data=problem.target.n_data, n_steps=8)
+    run = run_method(
+        sampler,
+        problem.target,
+        problem.init,
+        main=EvalSet(problem.data.x_test, problem.data.y_test),
+        n_chains=2,
+        n_steps=8,
+        burn_in=0,
+        thin=1,
+        eval_every=8,
+        seed=0,
+        noise_estimate_from=6,
+    )
+    assert run.diverged_at is None
+    assert asked[-8:] == [False] * 5 + [True] * 3  # steps 1-5 without, 6-8 with the estimate
+    with pytest.raises(ValueError, match="grad_noise_estimate"):
+        run_method(
+            build_method("sgld", {}, 0.01, n_data=problem.target.n_data, n_steps=8),
+            problem.target, problem.init, main=EvalSet(problem.data.x_test, problem.data.y_test),
+            n_chains=2, n_steps=8, burn_in=0, thin=1, eval_every=8, seed=0,
+            noise_estimate_from=6,
+        )  # fmt: skip
+
+
 def test_cyclical_methods_average_only_sampling_stages():
     problem = _tiny_problem()
     options = {"n_cycles": 2, "explore_fraction": 0.5}
@@ -316,6 +351,16 @@ def test_benchmark_config_rejects_unknown_keys_and_bad_values():
     for bad in ("-0.1", "nan", "inf"):
         with pytest.raises(ConfigError, match="tune.edge_tolerance"):
             load_benchmark_config(None, [f"tune.edge_tolerance={bad}"])
+    for bad in ("0", "1.5"):
+        with pytest.raises(ConfigError, match="methods.sghmc.grad_noise_estimate_from"):
+            load_benchmark_config(None, [f"methods.sghmc.grad_noise_estimate_from={bad}"])
+    both = [
+        "methods.nnsghmc.grad_noise_estimate_from=10",
+        "methods.nnsghmc.grad_noise_estimate=true",
+    ]
+    with pytest.raises(ConfigError, match="set grad_noise_estimate to false"):
+        load_benchmark_config(None, both)
+    assert load_benchmark_config(None, both[:1]).methods.nnsghmc.grad_noise_estimate_from == 10
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "eval").glob("*.yaml")))
