@@ -108,7 +108,8 @@ class NNSGHMCMethod(MethodGrid):
     grad_noise_estimate: bool = False
     # A cooling stage: the estimate off before this step of every run (tuning runs too) and
     # on from it, so hot chains feed the posterior average and cooled ones the final
-    # ensemble (docs/RESULTS.md, session 38); null: `grad_noise_estimate` for the whole run.
+    # ensemble (docs/RESULTS.md, session 38); a run shorter than the step never estimates;
+    # null: `grad_noise_estimate` for the whole run.
     grad_noise_estimate_from: int | None = None
 
 
