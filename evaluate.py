@@ -20,7 +20,10 @@ the paper's MNIST code is available for every method alike: a warm-up phase
 (``budget.warmup_steps`` at ``budget.warmup_lr_factor`` x the chosen rate) and, for NNSGHMC,
 ``alpha = methods.nnsghmc.alpha_per_step / eta_warmup`` (see ``configs/eval/mnist_nt.yaml``).
 ``methods.cnnsghmc`` (off by default) runs the same file under cSGHMC's cyclical schedule, the
-like-for-like rival of cSGHMC.
+like-for-like rival of cSGHMC. ``methods.{nnsghmc,sghmc}.grad_noise_estimate_from: S`` adds a
+cooling stage: the minibatch noise's variance is estimated, and its share of the injected noise
+left out, from step ``S`` of every run on (hot chains for the posterior average, cooled ones for
+the final ensemble; docs/RESULTS.md, session 38).
 
 Writes into ``<out_dir>/<name>/``, built in a staging directory and swapped in as a whole at
 the end (one atomic rename; an interrupted or failed run leaves earlier results as they
