@@ -281,6 +281,24 @@ def test_run_method_records_divergence():
     assert math.isnan(run.final["average_nll"])
 
 
+def _run_tiny(problem, sampler, n_steps: int, **kwargs):
+    """``run_method`` on ``_tiny_problem``'s test set: 2 chains, every step averaged, one
+    learning-curve row at the end."""
+    return run_method(
+        sampler,
+        problem.target,
+        problem.init,
+        main=EvalSet(problem.data.x_test, problem.data.y_test),
+        n_chains=2,
+        n_steps=n_steps,
+        burn_in=0,
+        thin=1,
+        eval_every=n_steps,
+        seed=0,
+        **kwargs,
+    )
+
+
 def test_a_cooling_stage_estimates_the_gradient_noise_from_its_step_on(monkeypatch):
     problem = _tiny_problem()
     asked = []  # estimate_noise of every target evaluation, in order
@@ -291,47 +309,20 @@ def test_a_cooling_stage_estimates_the_gradient_noise_from_its_step_on(monkeypat
         return evaluate(*args, **kwargs)
 
     monkeypatch.setattr(problem.target, "evaluate", spy)
-    sampler = build_method("sghmc", {}, 0.01, n_data=problem.target.n_data, n_steps=8)
-    run = run_method(
-        sampler,
-        problem.target,
-        problem.init,
-        main=EvalSet(problem.data.x_test, problem.data.y_test),
-        n_chains=2,
-        n_steps=8,
-        burn_in=0,
-        thin=1,
-        eval_every=8,
-        seed=0,
-        noise_estimate_from=6,
-    )
+    sghmc = build_method("sghmc", {}, 0.01, n_data=problem.target.n_data, n_steps=8)
+    run = _run_tiny(problem, sghmc, 8, noise_estimate_from=6)
     assert run.diverged_at is None
     assert asked[-8:] == [False] * 5 + [True] * 3  # steps 1-5 without, 6-8 with the estimate
+    sgld = build_method("sgld", {}, 0.01, n_data=problem.target.n_data, n_steps=8)
     with pytest.raises(ValueError, match="grad_noise_estimate"):
-        run_method(
-            build_method("sgld", {}, 0.01, n_data=problem.target.n_data, n_steps=8),
-            problem.target, problem.init, main=EvalSet(problem.data.x_test, problem.data.y_test),
-            n_chains=2, n_steps=8, burn_in=0, thin=1, eval_every=8, seed=0,
-            noise_estimate_from=6,
-        )  # fmt: skip
+        _run_tiny(problem, sgld, 8, noise_estimate_from=6)
 
 
 def test_cyclical_methods_average_only_sampling_stages():
     problem = _tiny_problem()
     options = {"n_cycles": 2, "explore_fraction": 0.5}
     sampler = build_method("csgld", options, 0.1, n_data=problem.target.n_data, n_steps=40)
-    run = run_method(
-        sampler,
-        problem.target,
-        problem.init,
-        main=EvalSet(problem.data.x_test, problem.data.y_test),
-        n_chains=2,
-        n_steps=40,
-        burn_in=0,
-        thin=1,
-        eval_every=40,
-        seed=0,
-    )
+    run = _run_tiny(problem, sampler, 40)
     # cycles of 20 steps, the first half of each explores: 10 sampling steps per cycle
     assert run.final["n_averaged"] == 2 * 20
 
