@@ -66,7 +66,7 @@ def prior_only_variances(
     try:
         sample(
             sampler, target, n_chains, n_steps, seed=seed, progress=False, callback=record,
-            store=False, init=lambda gen: torch.zeros(n_chains, dim, device=device),
+            store=False, device=device, init=lambda gen: torch.zeros(n_chains, dim),
         )  # fmt: skip
     except NonFiniteError:
         pass  # (the rows so far; sampled_variance says nan when none is kept)

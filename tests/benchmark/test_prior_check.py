@@ -5,10 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
+from metasampler import load_sampler
+from metasampler.benchmark import prior_check
 from metasampler.benchmark.prior_check import prior_only_variances, sampled_variance
 from metasampler.samplers import SGHMC, SGLD
 from metasampler.samplers.cyclical import cyclical_sghmc
+from metasampler.sampling import sample
 
 N_DATA, CHAINS, STEPS = 3500, 20, 2000
 
@@ -52,3 +56,25 @@ def test_only_sampling_steps_after_burn_in_count_and_a_divergence_is_nan() -> No
     # a step far too large for the Gaussian: the chains blow up before the end
     rows = prior_only_variances(lambda: SGLD(eta=50.0), N_DATA, 4, 100, dim=10)
     assert len(rows) < 100 and math.isnan(sampled_variance(rows, 0, 100))
+
+
+def test_the_chains_start_on_the_device_asked_for(monkeypatch) -> None:
+    # A learned sampler's nets sit on the benchmark's device: its chains must too (an
+    # evaluation with device=cuda failed here when the start was moved back to the CPU).
+    asked = {}
+
+    def spy(*args, **kwargs):
+        asked["device"] = kwargs.get("device")
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(prior_check, "sample", spy)
+    rows = prior_only_variances(lambda: SGLD(eta=0.01), N_DATA, 2, 3, dim=4, device="cpu")
+    assert len(rows) == 3 and asked["device"] is not None
+    assert torch.device(asked["device"]) == torch.device("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_learned_sampler_on_cuda_runs_the_check() -> None:
+    make = lambda: load_sampler("mnist_mlp_positive_preconditioned", device="cuda")  # noqa: E731
+    rows = prior_only_variances(make, N_DATA, 2, 5, dim=10, device="cuda")
+    assert len(rows) == 5
