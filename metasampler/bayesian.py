@@ -96,14 +96,28 @@ class Predictive:
 
     def accuracy(self, y: Tensor) -> float:
         """Fraction of rows whose most probable class (``mean.argmax(-1)``) equals ``y``."""
-        if self.entropy is None:
-            raise ValueError("accuracy needs a categorical likelihood's class probabilities")
-        y = torch.as_tensor(y, device=self.mean.device)
-        if y.shape != self.mean.shape[:-1]:
-            raise ValueError(
-                f"y must have shape {tuple(self.mean.shape[:-1])}, got {tuple(y.shape)}"
-            )
+        y = self._labels(y)
         return float((self.mean.argmax(-1) == y).double().mean())
+
+    def nll(self, y: Tensor) -> float:
+        """Mean over rows of ``-log mean[row, y_row]``: the negative log posterior-predictive
+        probability of the observed classes, in nats (the score a step-size tuning minimises
+        on validation data, README "Use it on your own model"). A probability that underflowed
+        to 0 counts as the dtype's smallest positive number, so the score stays finite."""
+        picked = self.mean.gather(-1, self._labels(y).unsqueeze(-1)).squeeze(-1)
+        return float(-picked.clamp_min(torch.finfo(picked.dtype).tiny).log().double().mean())
+
+    def _labels(self, y: Tensor) -> Tensor:
+        """``y`` checked as the class labels of the summarised rows (categorical only)."""
+        if self.entropy is None:
+            raise ValueError("class labels need a categorical likelihood's class probabilities")
+        y = torch.as_tensor(y, device=self.mean.device)
+        rows, n_classes = tuple(self.mean.shape[:-1]), self.mean.shape[-1]
+        if tuple(y.shape) != rows:
+            raise ValueError(f"y must have shape {rows}, got {tuple(y.shape)}")
+        if y.is_floating_point() or y.is_complex() or ((y < 0) | (y >= n_classes)).any():
+            raise ValueError(f"y must hold integer class labels in [0, {n_classes})")
+        return y.long()
 
 
 # --------------------------------------------------------------------------------------------

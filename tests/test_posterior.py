@@ -3,6 +3,7 @@ module, the convergence summary and its warning, and the ArviZ export."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -84,6 +85,15 @@ def test_predict_averages_softmax_over_samples_and_chains():
     entropy = -(probs.mean(0) * probs.mean(0).log()).sum(-1)
     torch.testing.assert_close(pred.entropy, entropy, rtol=1e-5, atol=1e-6)
     assert pred.accuracy(y[:7]) == float((probs.mean(0).argmax(-1) == y[:7]).double().mean())
+    # The validation score of a step-size tuning: -log of the averaged probability of y.
+    nll = -probs.mean(0)[torch.arange(7), y[:7]].log().mean()
+    assert pred.nll(y[:7]) == pytest.approx(float(nll), rel=1e-5)
+    confident = ms.bayesian.Predictive(probs[:1], torch.eye(4)[:2], probs[0, :2], torch.zeros(2))
+    assert confident.nll(torch.tensor([0, 1])) == 0.0
+    assert math.isfinite(confident.nll(torch.tensor([1, 0])))  # a zero probability: large, finite
+    for bad, why in [(torch.full((7,), 4), "labels in"), (y[:6], "shape"), (y[:7] + 0.5, "labels")]:
+        with pytest.raises(ValueError, match=why):
+            pred.nll(bad)
     # Default inputs: the training data; bernoulli/gaussian predictions are sigmoid / identity.
     assert model.predict(theta).mean.shape == (20, 4)
     reg = ms.BayesianModel(net, (x, torch.randn(20, 4)), likelihood="gaussian")
@@ -92,6 +102,8 @@ def test_predict_averages_softmax_over_samples_and_chains():
     assert reg.predict(theta, x).entropy is None
     with pytest.raises(ValueError, match="categorical"):
         reg.predict(theta, x).accuracy(y)
+    with pytest.raises(ValueError, match="categorical"):
+        reg.predict(theta, x).nll(y)
     with pytest.raises(ValueError, match=r"\(S, K, D\)"):
         model.predict(theta[0, 0], x)
 

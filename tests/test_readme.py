@@ -33,10 +33,14 @@ def test_readme_own_model_path_runs_from_an_empty_directory(tmp_path):
     """The "own model" section as a user meets it: a fresh process in an empty directory where
     only the ``metasampler`` package is importable (no ``pretrained/``, ``tasks/`` or
     ``reproduction/`` beside it), a shipped sampler loaded by name, predictions, a summary,
-    an ArviZ InferenceData whose ESS agrees with the summary's, and the short run that warns."""
+    an ArviZ InferenceData whose ESS agrees with the summary's, the short run that warns, and the
+    step tuned on held-out data (an interior choice)."""
     pytest.importorskip("arviz")
     pytest.importorskip("sklearn")
-    main, short = _python_blocks(_section(OWN_MODEL_HEADING))
+    main, *rest = _python_blocks(_section(OWN_MODEL_HEADING))
+    tuning = next(block for block in rest if "tune_step_size" in block)
+    short = next(block for block in rest if block is not tuning)
+    assert len(rest) == 2, "the section's code blocks: the path, the step's tuning, the short run"
     user_lines = [line for line in main.splitlines() if line.strip()]
     assert len(user_lines) <= 8, "the README promises the whole path in at most 8 lines"
     assert 'load_sampler("mnist_mlp"' in main and "pretrained/" not in main
@@ -44,7 +48,7 @@ def test_readme_own_model_path_runs_from_an_empty_directory(tmp_path):
         assert needed in main
     check = textwrap.dedent(
         """
-        import warnings, numpy as np, arviz as az
+        import math, warnings, numpy as np, arviz as az
         assert ms.__file__.startswith(PACKAGE), ms.__file__
         accuracy = model.predict(result.theta, x).accuracy(y)
         assert accuracy > 0.85, accuracy
@@ -59,12 +63,18 @@ def test_readme_own_model_path_runs_from_an_empty_directory(tmp_path):
             exec(SHORT)
         assert any(issubclass(w.category, ms.ConvergenceWarning) for w in caught), caught
         print("own model ok", accuracy)
+        exec(TUNING)  # continues the example: the step tuned on held-out data
+        assert tuned.interior and 0.01 < tuned.best < 3.0, tuned
+        assert all(math.isfinite(score) for _, score in tuned.scores), tuned.scores
+        print("tuning ok", tuned.best)
         """
     )
     (tmp_path / "metasampler").symlink_to(ROOT / "metasampler", target_is_directory=True)
     program = (
         "import torch; torch.set_num_threads(1)\n"
-        f"PACKAGE = {str(tmp_path / 'metasampler')!r}\nSHORT = {short!r}\n" + main + check
+        f"PACKAGE = {str(tmp_path / 'metasampler')!r}\nSHORT = {short!r}\nTUNING = {tuning!r}\n"
+        + main
+        + check
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
@@ -76,7 +86,7 @@ def test_readme_own_model_path_runs_from_an_empty_directory(tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "own model ok" in proc.stdout
+    assert "own model ok" in proc.stdout and "tuning ok" in proc.stdout
 
 
 def test_quickstart_toy_part_runs(capsys):
