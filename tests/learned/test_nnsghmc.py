@@ -735,7 +735,7 @@ def compiled_case_problem():
 def background_builds(tmp_path_factory):
     """``(cache directory, {case: (build process, package)})`` for every compiled case but the
     first: the steps of a sampler with the default ``compile`` start each build in the
-    background, as a user's first steps do, and this module's registries are left as found."""
+    background, as a user's first steps do; `aot`'s registries are left as they were found."""
     from metasampler.learned import aot, fast
 
     if fast.compile_unavailable(torch.device("cpu")):
