@@ -708,6 +708,18 @@ COMPILED_CASES = {
 }
 
 
+def empty_package_registries(patch: pytest.MonkeyPatch, cache: Path | None = None) -> None:
+    """No package loaded, building or failed in this process (as in a fresh one), and packages
+    kept in ``cache`` when given."""
+    from metasampler.learned import aot
+
+    if cache is not None:
+        patch.setenv(aot.CACHE_ENV, str(cache))
+    for name in ("_RUNNERS", "_BUILDS"):
+        patch.setattr(aot, name, {})
+    patch.setattr(aot, "_FAILED", set())
+
+
 #: The compiled cases in the order pytest runs them: the first builds its package in the test
 #: (``compile=True`` waits for it); the others are built meanwhile, all at once in the
 #: background (:func:`background_builds`), so the five builds overlap on the cores instead
@@ -745,11 +757,8 @@ def background_builds(tmp_path_factory):
     target, init = compiled_case_problem()
     start_build = aot._start
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(aot.CACHE_ENV, str(cache))
+        empty_package_registries(patch, cache)
         patch.delenv("METASAMPLER_COMPILE", raising=False)
-        for name in ("_RUNNERS", "_BUILDS"):
-            patch.setattr(aot, name, {})
-        patch.setattr(aot, "_FAILED", set())
         for hidden, gamma, case in COMPILED_PARAMS[1:]:
 
             def start(spec, package, case=case):
@@ -784,13 +793,8 @@ def test_compiled_sampling_step_matches_the_eager_step(
     if case in built:  # built in the background: this test's steps must load that package
         build, package = built[case]
         assert build.wait() == 0, package.with_suffix(".log").read_text()[-2000:]
-        monkeypatch.setenv(aot.CACHE_ENV, str(cache))
         monkeypatch.setattr(aot, "_start", lambda *a: pytest.fail("rebuilt a package"))
-    else:
-        monkeypatch.setenv(aot.CACHE_ENV, str(tmp_path))
-    for name in ("_RUNNERS", "_BUILDS"):
-        monkeypatch.setattr(aot, name, {})
-    monkeypatch.setattr(aot, "_FAILED", set())
+    empty_package_registries(monkeypatch, cache if case in built else tmp_path)
     target, init = compiled_case_problem()
     eager = compiled_case_sampler(hidden, gamma, case, compile=False)
     compiled = compiled_case_sampler(hidden, gamma, case, compile=True)
@@ -852,11 +856,8 @@ def test_an_unwritable_cache_directory_leaves_the_eager_step(tmp_path, monkeypat
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    monkeypatch.setenv(aot.CACHE_ENV, str(blocker / "compiled"))
+    empty_package_registries(monkeypatch, blocker / "compiled")
     monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
-    for name in ("_RUNNERS", "_BUILDS"):
-        monkeypatch.setattr(aot, name, {})
-    monkeypatch.setattr(aot, "_FAILED", set())
     target, _ = quadratic_target()
     init = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
     sampler = path_sampler((4,), "exact", eta=0.03, beta_off=1.0, c=0.2, compile=True)
@@ -889,8 +890,7 @@ def test_default_compiles_in_the_background_and_switches_when_ready(monkeypatch)
 
     monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
     monkeypatch.setattr(fast, "compile_unavailable", lambda device: None)
-    for name in ("_RUNNERS", "_BUILDS"):
-        monkeypatch.setattr(aot, name, {})
+    empty_package_registries(monkeypatch)
     builds, calls = [], []
 
     def start(spec, package):
