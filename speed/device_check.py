@@ -20,7 +20,9 @@ CI and the test suite run on CPU only; this script is what runs on a machine wit
    floor sampler loaded with no flags (on a GPU: eager steps while a child process fills the
    compile's caches, then a compile in a background thread) and with SGHMC: seconds to the
    first step, to 30 steps and to all of them, and ms per step over the last 200
-   (``--first-use-steps``: the run lengths, each at least 231).
+   (``--first-use-steps``: the run lengths, each at least 231). On a CPU a third row runs the
+   floor sampler after ``python -m metasampler.prebuild`` filled the same empty cache (as
+   ``scripts/setup.sh`` does), its build time not counted.
 
 Usage (on the GPU machine, from the repository root)::
 
@@ -321,16 +323,20 @@ def check_first_use(device: torch.device, steps: int) -> None:
     print(f"\nfirst use on {device}, fresh process, empty caches, 784-40-40-10 MLP, K = 20")
     print("| sampler | setup s | first step s | 30 steps s | all steps s | last 200: ms/step |")
     print("|---|---:|---:|---:|---:|---:|")
-    for kind in ("sghmc", "nnsghmc"):
+    kinds = ("sghmc", "nnsghmc") + (("nnsghmc, prebuilt",) if device.type == "cpu" else ())
+    for kind in kinds:
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "METASAMPLER_CACHE_DIR": cache}
             env["TRITON_CACHE_DIR"] = cache
             env["TMPDIR"] = cache  # (inductor keeps its precompiled headers there)
             env.pop("METASAMPLER_COMPILE", None)
+            if kind.endswith("prebuilt"):  # (what scripts/setup.sh does, in another process)
+                command = [sys.executable, "-m", "metasampler.prebuild", str(FLOOR)]
+                subprocess.run(command, env=env, capture_output=True, cwd=ROOT, check=True)
             code = FIRST_USE.format(speed=str(ROOT / "speed"), device=str(device), steps=steps)
             done = subprocess.run(
-                [sys.executable, "-c", code, kind], env=env, capture_output=True, text=True,
-                cwd=ROOT,
+                [sys.executable, "-c", code, kind.split(",")[0]], env=env, capture_output=True,
+                text=True, cwd=ROOT,
             )  # fmt: skip
             if done.returncode != 0:
                 report(f"first use {kind}", False, done.stderr.strip().splitlines()[-1])

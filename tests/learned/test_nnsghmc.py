@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from compiled_packages import empty_package_registries
 from statistical import (
     Banana,
     Moments,
@@ -706,18 +707,6 @@ COMPILED_CASES = {
     "energy": CURL_INPUTS["energy"],
     "stiffness+preconditioned": CURL_INPUTS["stiffness+preconditioned"],
 }
-
-
-def empty_package_registries(patch: pytest.MonkeyPatch, cache: Path | None = None) -> None:
-    """No package loaded, building or failed in this process (as in a fresh one), and packages
-    kept in ``cache`` when given."""
-    from metasampler.learned import aot
-
-    if cache is not None:
-        patch.setenv(aot.CACHE_ENV, str(cache))
-    for name in ("_RUNNERS", "_BUILDS"):
-        patch.setattr(aot, name, {})
-    patch.setattr(aot, "_FAILED", set())
 
 
 #: The compiled cases in the order pytest runs them: the first builds its package in the test

@@ -1,0 +1,62 @@
+"""``metasampler.prebuild``: a sampler's compiled step built ahead of its first use."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from compiled_packages import empty_package_registries
+
+import metasampler as ms
+from metasampler import prebuild
+from metasampler.learned import aot
+from metasampler.learned.fast import compile_unavailable
+
+NAME = "mnist_mlp_floor_5units"
+
+
+def other_model() -> ms.BayesianModel:
+    """Not the model prebuild samples: another size, data and batch."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(120, 5, generator=generator)
+    y = torch.randint(0, 3, (120,), generator=generator)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    return ms.BayesianModel(net, (x, y), likelihood="categorical", prior_std=1.0, batch_size=40)
+
+
+@pytest.mark.skipif(compile_unavailable(torch.device("cpu")) is not None, reason="no compiler")
+def test_prebuild_makes_a_first_use_load_the_package(monkeypatch, tmp_path):
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)  # (the suite's eager default)
+    empty_package_registries(monkeypatch, tmp_path)
+    assert prebuild.prebuild([NAME]) == [prebuild.Prebuilt(NAME, True)]
+    assert list(tmp_path.glob("*.pt2"))
+
+    empty_package_registries(monkeypatch)  # a fresh process, the same cache
+
+    def no_build(*args):
+        raise AssertionError("a first use after prebuild started a build")
+
+    monkeypatch.setattr(aot, "_start", no_build)
+    sampler = ms.load_sampler(NAME, lr=0.1)  # default compile; another step and model
+    result = ms.sample(sampler, other_model(), n_chains=3, n_steps=4, seed=0, progress=False)
+    assert len(aot._RUNNERS) == 1, "the package was not loaded"
+    assert torch.isfinite(result.theta).all()
+
+
+def test_prebuild_without_a_compiler_builds_nothing_and_says_why(monkeypatch, tmp_path):
+    empty_package_registries(monkeypatch, tmp_path)
+    monkeypatch.setattr(prebuild, "compile_unavailable", lambda device: "no C++ compiler")
+    monkeypatch.setattr(aot, "_start", lambda *args: pytest.fail("a build started"))
+    results = prebuild.prebuild([NAME, "toy_gaussian"])
+    assert results == [
+        prebuild.Prebuilt(NAME, False, "no C++ compiler"),
+        prebuild.Prebuilt("toy_gaussian", False, "no C++ compiler"),
+    ]
+    assert prebuild.main([NAME]) == 1
+
+
+def test_prebuild_of_an_unknown_sampler_is_a_usage_error_before_any_build(monkeypatch, capsys):
+    monkeypatch.setattr(aot, "_start", lambda *args: pytest.fail("a build started"))
+    with pytest.raises(SystemExit) as exit_info:
+        prebuild.main([NAME, "no_such_sampler"])
+    assert exit_info.value.code == 2
+    assert "no_such_sampler" in capsys.readouterr().err
