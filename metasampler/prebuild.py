@@ -1,8 +1,8 @@
 """Build shipped samplers' compiled steps before their first use on this machine.
 
 On a CPU, the first use of a sampler configuration builds its compiled step (AOTInductor,
-about 30 s on 2 cores) in a child process while eager steps, about 4x an SGHMC step, run
-meanwhile (:mod:`metasampler.learned.aot`): a first run of a few hundred steps pays about
+about 30 s on 2 cores) in a child process while eager steps, several times an SGHMC step,
+run meanwhile (:mod:`metasampler.learned.aot`): a first run of a few hundred steps pays about
 half a minute more than SGHMC (``BENCHMARKS.md``). The package is cached, so every later
 process loads it in milliseconds. :func:`prebuild` pays that build once, ahead of time:
 ``scripts/setup.sh`` runs it for the samplers the README recommends.
@@ -82,12 +82,13 @@ def prebuild(names: Sequence[str] = RECOMMENDED, threads: int | None = None) -> 
     """Build (or find already built) the compiled sampling step of each sampler.
 
     The builds run in parallel child processes; each sampler is then run for two steps that
-    must load its package.
+    must load its package. (With ``METASAMPLER_COMPILE=0`` in the environment the builds run
+    one after another.)
 
     Args:
         names: shipped sampler names or sampler file paths (as :func:`load_sampler` takes).
-        threads: torch's intra-op threads the packages are built for (default: torch's
-            current count, which a user's script also gets by default).
+        threads: torch's intra-op threads the packages are built for, set for this process
+            (default: torch's current count, which a user's script also gets by default).
 
     Returns:
         One :class:`Prebuilt` per name, in order. Nothing is built where the compiled step
