@@ -28,7 +28,7 @@ import torch
 from .bayesian import BayesianModel
 from .cli import positive_int
 from .export import SamplerFileError, load_sampler
-from .learned import aot
+from .learned import NNSGHMC, aot
 from .learned.fast import compile_unavailable
 from .sampling import sample
 
@@ -65,17 +65,16 @@ def _small_model() -> BayesianModel:
     return BayesianModel(net, (x, y), likelihood="categorical", prior_std=1.0, batch_size=32)
 
 
-def _steps(name: str, compile: bool | None) -> list[str]:
-    """Two steps of ``name`` (a finite-difference step compiles from its second); what they
-    said about the compiled step being unavailable."""
-    sampler = load_sampler(name)
+def _unavailable_after_steps(
+    sampler: NNSGHMC, model: BayesianModel, compile: bool | None
+) -> list[str]:
+    """Two steps of ``sampler`` (a finite-difference step compiles from its second); what they
+    said about its compiled step being unavailable."""
     sampler.use_compile = compile
-    if name in _WITH_NOISE_ESTIMATE:
-        sampler.grad_noise_estimate = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        sample(sampler, _small_model(), n_chains=2, n_steps=2, seed=0, progress=False)
-    return [str(w.message) for w in caught if "compiled step is unavailable" in str(w.message)]
+        sample(sampler, model, n_chains=2, n_steps=2, seed=0, progress=False)
+    return [str(w.message) for w in caught if str(w.message).startswith(aot.UNAVAILABLE)]
 
 
 def prebuild(names: Sequence[str] = RECOMMENDED, threads: int | None = None) -> list[Prebuilt]:
@@ -91,7 +90,7 @@ def prebuild(names: Sequence[str] = RECOMMENDED, threads: int | None = None) -> 
             (default: torch's current count, which a user's script also gets by default).
 
     Returns:
-        One :class:`Prebuilt` per name, in order. Nothing is built where the compiled step
+        One :class:`Prebuilt` per distinct name, in order. Nothing is built where the compiled step
         is unavailable (e.g. no C++ compiler): every entry is then not ready, with the reason.
 
     Raises:
@@ -99,16 +98,20 @@ def prebuild(names: Sequence[str] = RECOMMENDED, threads: int | None = None) -> 
     """
     if threads is not None:
         torch.set_num_threads(threads)
-    for name in names:  # every name checked before minutes of builds
-        load_sampler(name)
+    samplers = {name: load_sampler(name) for name in names}  # all checked before any build
+    for name in _WITH_NOISE_ESTIMATE & samplers.keys():
+        samplers[name].grad_noise_estimate = True
     reason = compile_unavailable(torch.device("cpu"))
     if reason is not None:
-        return [Prebuilt(name, False, reason) for name in names]
-    started = {name: _steps(name, compile=None) for name in names}  # starts uncached builds
+        return [Prebuilt(name, False, reason) for name in samplers]
+    model = _small_model()
+    started = {  # the default compile starts the builds not cached yet, all at once
+        name: _unavailable_after_steps(sampler, model, None) for name, sampler in samplers.items()
+    }
     aot.wait_for_builds()
     results = []
-    for name in names:
-        unavailable = started[name] + _steps(name, compile=True)
+    for name, sampler in samplers.items():
+        unavailable = started[name] + _unavailable_after_steps(sampler, model, True)
         results.append(Prebuilt(name, not unavailable, unavailable[0] if unavailable else ""))
     return results
 

@@ -323,20 +323,21 @@ def check_first_use(device: torch.device, steps: int) -> None:
     print(f"\nfirst use on {device}, fresh process, empty caches, 784-40-40-10 MLP, K = 20")
     print("| sampler | setup s | first step s | 30 steps s | all steps s | last 200: ms/step |")
     print("|---|---:|---:|---:|---:|---:|")
-    kinds = ("sghmc", "nnsghmc") + (("nnsghmc, prebuilt",) if device.type == "cpu" else ())
-    for kind in kinds:
+    runs = [("sghmc", False), ("nnsghmc", False)] + ([("nnsghmc", True)] * (device.type == "cpu"))
+    for sampler, prebuilt in runs:
+        kind = f"{sampler}, prebuilt" if prebuilt else sampler
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "METASAMPLER_CACHE_DIR": cache}
             env["TRITON_CACHE_DIR"] = cache
             env["TMPDIR"] = cache  # (inductor keeps its precompiled headers there)
             env.pop("METASAMPLER_COMPILE", None)
-            if kind.endswith("prebuilt"):  # (what scripts/setup.sh does, in another process)
+            if prebuilt:  # (what scripts/setup.sh does, in another process)
                 command = [sys.executable, "-m", "metasampler.prebuild", str(FLOOR)]
                 subprocess.run(command, env=env, capture_output=True, cwd=ROOT, check=True)
             code = FIRST_USE.format(speed=str(ROOT / "speed"), device=str(device), steps=steps)
             done = subprocess.run(
-                [sys.executable, "-c", code, kind.split(",")[0]], env=env, capture_output=True,
-                text=True, cwd=ROOT,
+                [sys.executable, "-c", code, sampler], env=env, capture_output=True, text=True,
+                cwd=ROOT,
             )  # fmt: skip
             if done.returncode != 0:
                 report(f"first use {kind}", False, done.stderr.strip().splitlines()[-1])

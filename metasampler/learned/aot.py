@@ -428,10 +428,13 @@ def _start(spec: KernelSpec, package: Path) -> subprocess.Popen:
     return start_child("aot.main", [spec.to_json(), str(package)], log, skip_teardown=True)
 
 
+#: The start of the warning a step gives when its compiled step cannot be used.
+UNAVAILABLE = "NNSGHMC: the compiled step is unavailable"
+
+
 def _fail(key: str, why: str) -> None:
     _FAILED.add(key)
-    warnings.warn(f"NNSGHMC: the compiled step is unavailable ({why}); using the eager step",
-                  stacklevel=4)  # fmt: skip
+    warnings.warn(f"{UNAVAILABLE} ({why}); using the eager step", stacklevel=4)
 
 
 def _without_device_comparison() -> contextlib.AbstractContextManager:
