@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from compiled_packages import empty_package_registries
@@ -51,6 +54,24 @@ def test_prebuild_without_a_compiler_builds_nothing_and_says_why(monkeypatch, tm
         prebuild.Prebuilt(NAME, False, "no C++ compiler"),
         prebuild.Prebuilt("toy_gaussian", False, "no C++ compiler"),
     ]
+    assert prebuild.main([NAME]) == 1
+
+
+@pytest.mark.skipif(compile_unavailable(torch.device("cpu")) is not None, reason="no compiler")
+def test_a_failed_build_is_reported_not_ready_with_its_reason(monkeypatch, tmp_path):
+    # prebuild reads a failure from the warning aot gives (aot.UNAVAILABLE): a build that
+    # exits with an error must come back not ready, and main must exit 1.
+    monkeypatch.delenv("METASAMPLER_COMPILE", raising=False)
+    empty_package_registries(monkeypatch, tmp_path)
+
+    def failing_build(spec, package):
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+
+    monkeypatch.setattr(aot, "_start", failing_build)
+    [result] = prebuild.prebuild([NAME])
+    assert (result.name, result.ready) == (NAME, False)
+    assert result.detail.startswith(aot.UNAVAILABLE) and "exited with 3" in result.detail
+    empty_package_registries(monkeypatch, tmp_path)
     assert prebuild.main([NAME]) == 1
 
 
