@@ -25,6 +25,12 @@ much less where the data pin a weight near zero).
 ``--average-from S`` also accumulates the posterior-average predictive on the test split from
 step ``S`` on (every ``--average-every`` steps, all chains) and prints its NLL and error at the
 end: with a long run of a small-step sampler, a reference for what the posterior predicts.
+It also prints the averaged states' mean member NLL: the gap between that and the average's NLL
+is how much the kept states disagree (zero when they all predict alike).
+
+``--save-states PATH`` writes the chains' final positions (a checksummed ``torch.save`` file
+with the config, method, learning rate and step), e.g. as start positions for
+``scripts/reference_hmc.py``.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--average-from", type=int, default=None, help="first averaged step")
     parser.add_argument("--average-every", type=int, default=10)
+    parser.add_argument("--save-states", default=None, help="write the final positions here")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_intermixed_args(argv)
 
@@ -105,13 +112,25 @@ def mean_and_se(per_chain: torch.Tensor) -> tuple[float, float]:
     return float(per_chain.mean()), float(per_chain.std() / per_chain.numel() ** 0.5)
 
 
-def print_average(average, y_test: torch.Tensor, start: int) -> None:
-    """The posterior average's test NLL and error."""
+def print_average(average, member_nll: float, y_test: torch.Tensor, start: int) -> None:
+    """The posterior average's test NLL and error, and its states' mean member NLL."""
     log_mean = average.log_mean()
     nll = float(-log_mean.gather(-1, y_test.view(-1, 1)).mean())
     error = float((log_mean.argmax(-1) != y_test).double().mean()) * 100
     print(f"\nPosterior average over {average.count} chain states from step {start}: "
-          f"test NLL {nll:.4f}, error {error:.2f} %")  # fmt: skip
+          f"test NLL {nll:.4f}, error {error:.2f} %; the states' mean member NLL "
+          f"{member_nll:.4f} (gap {member_nll - nll:.4f}: how much they disagree)")  # fmt: skip
+
+
+def save_states(path: str, theta: torch.Tensor, args: argparse.Namespace, step: int) -> None:
+    """The chains' positions and where they come from, as a checksummed file."""
+    from metasampler.files import save_checksummed
+
+    save_checksummed(path, {
+        "theta": theta.detach().cpu(), "config": args.config, "method": args.method,
+        "lr": args.lr, "overrides": list(args.overrides), "seed": args.seed, "step": step,
+    })  # fmt: skip
+    print(f"\nWrote the {theta.shape[0]} chains' positions at step {step} to {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,16 +153,20 @@ def main(argv: list[str] | None = None) -> int:
     split = first_layer_split(target, data.x_train)
     by_frequency: dict[int, list[str]] = {}
     slices, by_tensor = labelled_slices(target), {}
-    average = RunningAverage()
+    average, member_nll_sum, final = RunningAverage(), [0.0], {}
 
     def report(state) -> None:
+        final["state"] = state
         start = args.average_from
         if (
             start is not None
             and state.step >= start
             and (state.step - start) % args.average_every == 0
         ):
-            average.update(predict_log_probs(target, state.theta, data.x_test, 1000))
+            log_probs = predict_log_probs(target, state.theta, data.x_test, 1000)
+            average.update(log_probs)
+            labels = data.y_test.view(1, -1, 1).expand(log_probs.shape[0], -1, 1)
+            member_nll_sum[0] -= float(log_probs.gather(-1, labels).mean(1).sum())
         if state.step in args.steps:
             if split is not None:
                 half_sq = state.theta.pow(2) / 2
@@ -177,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         [label for label, _ in slices], by_tensor,
     )  # fmt: skip
     if average.count:
-        print_average(average, data.y_test, args.average_from)
+        print_average(average, member_nll_sum[0] / average.count, data.y_test, args.average_from)
+    if args.save_states is not None:
+        save_states(args.save_states, final["state"].theta, args, final["state"].step)
     return 0
 
 

@@ -9,6 +9,8 @@ class / factory        algorithm                                   file
 ``SGNHT``              (m)SGNHT thermostats, Euler or splitting    ``sgnht.py``
 ``cyclical_sgld``      cSGLD (cyclical cosine schedule)            ``cyclical.py``
 ``cyclical_sghmc``     cSGHMC                                      ``cyclical.py``
+``HMC``                Metropolis-corrected HMC (full-data         ``hmc.py``
+                       reference)
 ``SGDMomentum``        SGD with momentum (T = 0 reference)         ``optimizers.py``
 ``Adam``               Adam (T = 0 reference)                      ``optimizers.py``
 =====================  ==========================================  ==========================
@@ -18,6 +20,7 @@ The learned sampler :class:`metasampler.NNSGHMC` follows the same protocol.
 
 from .base import Sampler, SamplerState
 from .cyclical import cyclical_sghmc, cyclical_sgld
+from .hmc import HMC
 from .optimizers import Adam, SGDMomentum
 from .psgld import PSGLD
 from .sghmc import SGHMC
@@ -26,6 +29,7 @@ from .sgnht import SGNHT
 
 __all__ = [
     "Adam",
+    "HMC",
     "PSGLD",
     "SGDMomentum",
     "SGHMC",

@@ -1,0 +1,67 @@
+"""scripts/reference_hmc.py: HMC from saved chain states cools hot chains to the posterior's
+temperature, and bad state files are refused with a clear message."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from metasampler.benchmark import synthetic_classification_problem
+from metasampler.files import save_checksummed
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import reference_hmc  # noqa: E402
+
+sys.path.pop(0)
+import evaluate  # noqa: E402
+
+CONFIG = str(ROOT / "configs" / "eval" / "mnist_nt.yaml")
+
+
+@pytest.fixture
+def problem(monkeypatch):
+    """A tiny classification problem in place of the config's MNIST task."""
+    tiny = synthetic_classification_problem(
+        n_train=120, n_val=30, n_test=60, n_ood=0, n_features=4, hidden=(8,), batch_size=30
+    )
+    monkeypatch.setattr(evaluate, "_build_problem", lambda cfg, device: tiny)
+    threads = torch.get_num_threads()
+    yield tiny
+    torch.set_num_threads(threads)  # (the script sets the config's thread count)
+
+
+def _layer_temperatures(out: str, group: int) -> list[list[float]]:
+    """Per reported trajectory, the layer temperatures of group ``group``'s table."""
+    table = out.split("chains ")[group + 1]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if re.match(r"\| \d", line)]
+    return [[float(cell) for cell in row[4:6]] for row in rows]
+
+
+def test_hmc_brings_hot_chains_to_the_posteriors_temperature(problem, tmp_path, capsys) -> None:
+    # Prior draws: hot where the data pin the weights far tighter than the prior.
+    hot = torch.randn(8, problem.target.dim, generator=torch.Generator().manual_seed(0))
+    save_checksummed(tmp_path / "hot.pt", {"theta": hot, "method": "hot", "step": 0})
+    argv = [
+        "--config", CONFIG, "--states", str(tmp_path / "hot.pt"), "--trajectories", "200",
+        "--n-leapfrog", "10", "--adapt", "20", "--report-every", "50", "--eta", "0.05",
+    ]  # fmt: skip
+    assert reference_hmc.main(argv) == 0
+    rows = _layer_temperatures(capsys.readouterr().out, 0)
+    assert min(rows[0]) > 2.0, rows  # the start, in both layers
+    assert all(0.7 < t < 1.3 for t in rows[-1]), rows  # after 180 trajectories at a fixed step
+
+
+def test_states_that_do_not_fit_the_model_are_refused(problem, tmp_path, capsys) -> None:
+    save_checksummed(tmp_path / "wide.pt", {"theta": torch.zeros(3, problem.target.dim + 1)})
+    argv = ["--config", CONFIG, "--states", str(tmp_path / "wide.pt")]
+    assert reference_hmc.main(argv) == 2
+    assert "do not fit this model" in capsys.readouterr().err
+    data = (tmp_path / "wide.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    assert reference_hmc.main(["--config", CONFIG, "--states", str(tmp_path / "cut.pt")]) == 2
+    assert "error: states:" in capsys.readouterr().err
