@@ -27,6 +27,8 @@ The inverse mass is each coordinate's variance over all groups' start states (po
 their mean, floored at ``--mass-floor`` times its median): HMC's step then need not be set by
 the stiffest coordinate. Each chain's step adapts during the first ``--adapt`` trajectories towards
 acceptance ``--target-accept``, then stays fixed; those trajectories are not averaged.
+``--save-states`` writes the final states with their groups; given to ``--states`` it
+continues the run (a new mass and adaptation from those states, each valid on its own).
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_groups(paths: list[str], dim: int, chains: int | None) -> list[tuple[str, torch.Tensor]]:
-    """``(label, theta)`` per file: the method that wrote it and its chains' positions.
+    """``(label, theta)`` per group: one per ``chain_fit.py`` file (labelled by the method
+    that wrote it), and the groups of an earlier run of this script (its ``--save-states``
+    file, to continue it).
 
     Raises:
         ValueError: a file whose positions do not fit the config's model.
@@ -79,8 +83,19 @@ def load_groups(paths: list[str], dim: int, chains: int | None) -> list[tuple[st
         if not isinstance(theta, torch.Tensor) or theta.ndim != 2 or theta.shape[1] != dim:
             shape = tuple(theta.shape) if isinstance(theta, torch.Tensor) else type(theta).__name__
             raise ValueError(f"{path}: positions {shape} do not fit this model (D = {dim})")
-        label = f"{saved.get('method', Path(path).stem)} (step {saved.get('step', '?')})"
-        groups.append((label, theta[:chains].float()))
+        if "groups" not in saved:
+            label = f"{saved.get('method', Path(path).stem)} (step {saved.get('step', '?')})"
+            groups.append((label, theta[:chains].float()))
+            continue
+        labels = saved["groups"]
+        sizes = saved.get("group_sizes") or [theta.shape[0] // len(labels)] * len(labels)
+        if sum(sizes) != theta.shape[0]:
+            raise ValueError(
+                f"{path}: group sizes {sizes} do not add up to {theta.shape[0]} chains"
+            )
+        for label, part in zip(labels, theta.split(sizes), strict=True):
+            done = f" + HMC {saved.get('trajectories', '?')}"
+            groups.append((label + done, part[:chains].float()))
     return groups
 
 
@@ -219,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_states is not None:
         save_checksummed(args.save_states, {
             "theta": result.final_state.theta, "groups": [g.label for g in reports],
+            "group_sizes": [g.chains.stop - g.chains.start for g in reports],
             "config": args.config, "trajectories": args.trajectories,
         })  # fmt: skip
     return 0

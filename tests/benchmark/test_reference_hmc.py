@@ -65,3 +65,23 @@ def test_states_that_do_not_fit_the_model_are_refused(problem, tmp_path, capsys)
     (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
     assert reference_hmc.main(["--config", CONFIG, "--states", str(tmp_path / "cut.pt")]) == 2
     assert "error: states:" in capsys.readouterr().err
+
+
+def test_a_saved_run_continues_with_its_groups(tmp_path) -> None:
+    theta = torch.arange(5 * 3, dtype=torch.float32).view(5, 3)
+    save_checksummed(tmp_path / "run.pt", {
+        "theta": theta, "groups": ["a (step 8)", "b (step 8)"], "group_sizes": [2, 3],
+        "trajectories": 40,
+    })  # fmt: skip
+    save_checksummed(tmp_path / "c.pt", {"theta": theta[:1], "method": "c", "step": 9})
+    groups = reference_hmc.load_groups([str(tmp_path / "run.pt"), str(tmp_path / "c.pt")], 3, None)
+    assert [label for label, _ in groups] == [
+        "a (step 8) + HMC 40",
+        "b (step 8) + HMC 40",
+        "c (step 9)",
+    ]
+    assert [part.tolist() for _, part in groups] == [
+        theta[:2].tolist(),
+        theta[2:].tolist(),
+        theta[:1].tolist(),
+    ]
