@@ -78,3 +78,21 @@ def load_from_args(args: argparse.Namespace) -> OneMethod | None:
     except ConfigError as err:
         print(f"error: config: {err}", file=sys.stderr)
         return None
+
+
+def load_saved_states(path: str, dim: int) -> dict[str, Any]:
+    """What ``scripts/chain_fit.py --save-states`` (or ``scripts/reference_hmc.py``) wrote to
+    ``path``, its ``theta`` checked to be ``(chains, dim)`` positions.
+
+    Raises:
+        ValueError: the positions do not fit a model of ``dim`` parameters; a
+            :class:`~metasampler.files.CorruptFileError` (a ``ValueError``) for an altered file.
+    """
+    from metasampler.files import load_checksummed
+
+    saved = load_checksummed(path)
+    theta = saved.get("theta")
+    if not isinstance(theta, torch.Tensor) or theta.ndim != 2 or theta.shape[1] != dim:
+        shape = tuple(theta.shape) if isinstance(theta, torch.Tensor) else type(theta).__name__
+        raise ValueError(f"{path}: positions {shape} do not fit this model (D = {dim})")
+    return saved

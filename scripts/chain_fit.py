@@ -30,7 +30,9 @@ is how much the kept states disagree (zero when they all predict alike).
 
 ``--save-states PATH`` writes the chains' final positions (a checksummed ``torch.save`` file
 with the config, method, learning rate and step), e.g. as start positions for
-``scripts/reference_hmc.py``.
+``scripts/reference_hmc.py``. ``--init-states PATH`` starts the chains from such a file
+instead of the config's initialisation (say, one sampler from where another left its chains),
+as many chains as it holds.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.one_method import load_from_args, method_parser  # noqa: E402
+from experiments.one_method import load_from_args, load_saved_states, method_parser  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--average-from", type=int, default=None, help="first averaged step")
     parser.add_argument("--average-every", type=int, default=10)
     parser.add_argument("--save-states", default=None, help="write the final positions here")
+    parser.add_argument("--init-states", default=None, help="start from these saved positions")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_intermixed_args(argv)
 
@@ -133,6 +136,19 @@ def save_states(path: str, theta: torch.Tensor, args: argparse.Namespace, step: 
     print(f"\nWrote the {theta.shape[0]} chains' positions at step {step} to {path}")
 
 
+def chain_starts(path: str | None, problem, n_chains: int):
+    """``(n_chains, init)`` for ``sample``: the config's initialisation, or (``path``) the
+    positions a ``--save-states`` file holds, as many chains as it has.
+
+    Raises:
+        ValueError: the file's positions do not fit the model; CorruptFileError (a ValueError).
+    """
+    if path is None:
+        return n_chains, lambda gen: problem.init(n_chains, gen)
+    theta = load_saved_states(path, problem.target.dim)["theta"]
+    return theta.shape[0], theta.to(problem.data.x_test.device)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from metasampler import sample
@@ -145,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg, problem, budget = run.cfg, run.problem, run.cfg.budget
     data, target = problem.data, problem.target
     sampler = run.factory(args.lr, budget.n_steps)
+    try:
+        n_chains, init = chain_starts(args.init_states, problem, budget.n_chains)
+    except (ValueError, OSError) as err:  # (CorruptFileError is a ValueError)
+        print(f"error: --init-states: {err}", file=sys.stderr)
+        return 2
     print(f"{problem.name}: D = {target.dim}; prior typical set: |theta|^2 / 2 ~ "
           f"{target.dim * cfg.task.prior_std**2 / 2:.0f}")  # fmt: skip
     print("| step | train NLL | test NLL | test NLL, ensemble | energy | abs(theta)^2 / 2 | "
@@ -184,8 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{norm:.1f} | {temperature:.3f} |", flush=True)  # fmt: skip
 
     sample(
-        sampler, target, budget.n_chains, budget.n_steps,
-        init=lambda gen: problem.init(budget.n_chains, gen), seed=args.seed, progress=False,
+        sampler, target, n_chains, budget.n_steps, init=init, seed=args.seed, progress=False,
         callback=report, store=False,
     )  # fmt: skip
     if split is not None:

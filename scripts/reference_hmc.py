@@ -74,15 +74,12 @@ def load_groups(paths: list[str], dim: int, chains: int | None) -> list[tuple[st
     Raises:
         ValueError: a file whose positions do not fit the config's model.
     """
-    from metasampler.files import load_checksummed
+    from experiments.one_method import load_saved_states
 
     groups = []
     for path in paths:
-        saved = load_checksummed(path)
-        theta = saved.get("theta")
-        if not isinstance(theta, torch.Tensor) or theta.ndim != 2 or theta.shape[1] != dim:
-            shape = tuple(theta.shape) if isinstance(theta, torch.Tensor) else type(theta).__name__
-            raise ValueError(f"{path}: positions {shape} do not fit this model (D = {dim})")
+        saved = load_saved_states(path, dim)
+        theta = saved["theta"]
         if "groups" not in saved:
             label = f"{saved.get('method', Path(path).stem)} (step {saved.get('step', '?')})"
             groups.append((label, theta[:chains].float()))

@@ -76,3 +76,26 @@ def test_mean_and_se_over_chains() -> None:
     mean, se = chain_fit.mean_and_se(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert mean == 2.5
     assert math.isclose(se, torch.tensor([1.0, 2.0, 3.0, 4.0]).std().item() / 2)
+
+
+def test_chains_start_from_saved_states_or_the_configs_initialisation(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from metasampler.files import save_checksummed
+
+    x = torch.zeros(4, 3)
+    target = BayesianModel(make_mlp(3, [2], 2), (x, torch.zeros(4, dtype=torch.long)))
+    problem = SimpleNamespace(
+        target=target, data=SimpleNamespace(x_test=x), init=lambda n, gen: torch.ones(n, 1)
+    )
+    n, init = chain_fit.chain_starts(None, problem, 5)
+    assert n == 5 and init(None).shape == (5, 1)  # the config's, drawn by sample()
+    saved = torch.randn(3, target.dim)
+    save_checksummed(tmp_path / "s.pt", {"theta": saved})
+    n, init = chain_fit.chain_starts(str(tmp_path / "s.pt"), problem, 5)
+    assert n == 3 and torch.equal(init, saved)  # as many chains as the file holds
+    save_checksummed(tmp_path / "wide.pt", {"theta": torch.zeros(3, target.dim + 1)})
+    with pytest.raises(ValueError, match="do not fit this model"):
+        chain_fit.chain_starts(str(tmp_path / "wide.pt"), problem, 5)
