@@ -145,30 +145,52 @@ class GroupReport:
         return [f"{nll:.4f}", f"{error:.2f}", f"{self.member_sum / self.average.count:.4f}"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def load_inputs(args: argparse.Namespace):
+    """``(problem, full-data target, groups)``, or ``None`` after printing why not."""
     import evaluate
     from experiments.benchmark_config import load_benchmark_config
-    from metasampler import sample
-    from metasampler.benchmark.metrics import predict_log_probs
-    from metasampler.benchmark.temperature import coordinate_virials, layer_slices
     from metasampler.config import ConfigError
-    from metasampler.files import CorruptFileError, save_checksummed
-    from metasampler.samplers import HMC
 
     try:
         cfg = load_benchmark_config(args.config, args.overrides)
     except ConfigError as err:
         print(f"error: config: {err}", file=sys.stderr)
-        return 2
+        return None
     torch.set_num_threads(cfg.threads)
     problem = evaluate._build_problem(cfg, torch.device(cfg.device))
     target = full_data_target(problem.target)
     try:
         groups = load_groups(args.states, target.dim, args.chains)
-    except (CorruptFileError, ValueError, OSError) as err:
+    except (ValueError, OSError) as err:  # (a CorruptFileError is a ValueError)
         print(f"error: states: {err}", file=sys.stderr)
+        return None
+    return problem, target, groups
+
+
+def print_tables(reports: list[GroupReport], layers: list[tuple[str, slice]]) -> None:
+    """One table per group, a row per reported trajectory."""
+    header = ["trajectory", "mean step", "accept", "stuck", *[f"T {name}" for name, _ in layers],
+              "member NLL", "ensemble NLL", "average NLL", "average err %",
+              "average's member NLL"]  # fmt: skip
+    for group in reports:
+        print(f"\n{group.label}: chains {group.chains.start}-{group.chains.stop - 1}")
+        print("| " + " | ".join(header) + " |\n|" + "---:|" * len(header))
+        for row in group.rows:
+            print("| " + " | ".join(row) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from metasampler import sample
+    from metasampler.benchmark.metrics import predict_log_probs
+    from metasampler.benchmark.temperature import coordinate_virials, layer_slices
+    from metasampler.files import save_checksummed
+    from metasampler.samplers import HMC
+
+    loaded = load_inputs(args)
+    if loaded is None:
         return 2
+    problem, target, groups = loaded
     x_test, y_test = problem.data.x_test, problem.data.y_test
     layers = layer_slices(target)
     reports, start = [], 0
@@ -220,14 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler, target, theta0.shape[0], args.n_leapfrog * args.trajectories, init=theta0,
         seed=args.seed, progress=True, callback=callback, store=False,
     )  # fmt: skip
-    header = ["trajectory", "mean step", "accept", "stuck", *[f"T {name}" for name, _ in layers],
-              "member NLL", "ensemble NLL", "average NLL", "average err %",
-              "average's member NLL"]  # fmt: skip
-    for group in reports:
-        print(f"\n{group.label}: chains {group.chains.start}-{group.chains.stop - 1}")
-        print("| " + " | ".join(header) + " |\n|" + "---:|" * len(header))
-        for row in group.rows:
-            print("| " + " | ".join(row) + " |")
+    print_tables(reports, layers)
     if args.save_states is not None:
         save_checksummed(args.save_states, {
             "theta": result.final_state.theta, "groups": [g.label for g in reports],
