@@ -47,7 +47,7 @@ class HMC(Sampler):
         inverse_mass: ``M^{-1}``, a positive number or a ``(D,)`` tensor (e.g. the posterior's
             variance per coordinate, as estimated by earlier chains).
         adapt_trajectories: trajectories during which the step adapts (0: fixed step).
-        target_accept: the mean acceptance probability the adaptation aims at.
+        target_accept: the acceptance probability each chain's adaptation aims at.
         jitter: each trajectory's step is ``eta * u``, ``u ~ U(1 - jitter, 1 + jitter)``.
         temperature: ``T > 0`` in ``exp(-U / T)``.
 
@@ -88,6 +88,9 @@ class HMC(Sampler):
         if not 0 <= jitter < 1:
             raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
         inverse_mass = torch.as_tensor(inverse_mass, dtype=torch.float64)
+        if inverse_mass.ndim > 1:
+            raise ValueError(f"inverse_mass must be a number or a (D,) tensor, got shape "
+                             f"{tuple(inverse_mass.shape)}")  # fmt: skip
         if not (torch.isfinite(inverse_mass).all() and (inverse_mass > 0).all()):
             raise ValueError("inverse_mass must be finite and > 0 in every coordinate")
         self.n_leapfrog = int(n_leapfrog)

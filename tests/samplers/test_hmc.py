@@ -81,6 +81,7 @@ def test_hmc_refuses_minibatch_and_noisy_targets() -> None:
     "kwargs, name",
     [
         ({"n_leapfrog": 0}, "n_leapfrog"), ({"inverse_mass": -1.0}, "inverse_mass"),
+        ({"inverse_mass": torch.ones(2, 2)}, "inverse_mass"),
         ({"target_accept": 1.0}, "target_accept"), ({"jitter": 1.0}, "jitter"),
         ({"temperature": 0.0}, "temperature"), ({"adapt_trajectories": -1}, "adapt"),
     ],
