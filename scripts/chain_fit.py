@@ -67,12 +67,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def nlls(target, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """The chains' mean NLL per example on ``(x, y)`` and their ensemble's (the NLL of the
     chains' average predictive)."""
-    from metasampler.benchmark.metrics import ensemble_log_probs_from_lp, predict_log_probs
+    from metasampler.benchmark.metrics import (
+        ensemble_log_probs_from_lp,
+        member_nll,
+        negative_log_likelihood,
+        predict_log_probs,
+    )  # fmt: skip
 
     log_probs = predict_log_probs(target, theta, x, 1000)
-    labels = y.view(1, -1, 1).expand(log_probs.shape[0], -1, 1)
-    ensemble = ensemble_log_probs_from_lp(log_probs).gather(-1, y.view(-1, 1))
-    return float(-log_probs.gather(-1, labels).mean()), float(-ensemble.mean())
+    ensemble = negative_log_likelihood(ensemble_log_probs_from_lp(log_probs), y)
+    return member_nll(log_probs, y), ensemble
 
 
 # Bins of "training examples with this input feature non-zero" for the first-layer split.
@@ -117,9 +121,10 @@ def mean_and_se(per_chain: torch.Tensor) -> tuple[float, float]:
 
 def print_average(average, member_nll: float, y_test: torch.Tensor, start: int) -> None:
     """The posterior average's test NLL and error, and its states' mean member NLL."""
+    from metasampler.benchmark.metrics import error_rate, negative_log_likelihood
+
     log_mean = average.log_mean()
-    nll = float(-log_mean.gather(-1, y_test.view(-1, 1)).mean())
-    error = float((log_mean.argmax(-1) != y_test).double().mean()) * 100
+    nll, error = negative_log_likelihood(log_mean, y_test), error_rate(log_mean, y_test) * 100
     print(f"\nPosterior average over {average.count} chain states from step {start}: "
           f"test NLL {nll:.4f}, error {error:.2f} %; the states' mean member NLL "
           f"{member_nll:.4f} (gap {member_nll - nll:.4f}: how much they disagree)")  # fmt: skip
@@ -152,7 +157,7 @@ def chain_starts(path: str | None, problem, n_chains: int):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from metasampler import sample
-    from metasampler.benchmark.metrics import RunningAverage, predict_log_probs
+    from metasampler.benchmark.metrics import RunningAverage, member_nll, predict_log_probs
     from metasampler.benchmark.temperature import coordinate_virials
 
     run = load_from_args(args)
@@ -186,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             log_probs = predict_log_probs(target, state.theta, data.x_test, 1000)
             average.update(log_probs)
-            labels = data.y_test.view(1, -1, 1).expand(log_probs.shape[0], -1, 1)
-            member_nll_sum[0] -= float(log_probs.gather(-1, labels).mean(1).sum())
+            member_nll_sum[0] += member_nll(log_probs, data.y_test) * log_probs.shape[0]
         if state.step in args.steps:
             if split is not None:
                 half_sq = state.theta.pow(2) / 2

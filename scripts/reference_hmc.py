@@ -124,12 +124,15 @@ class GroupReport:
 
     def add(self, log_probs: torch.Tensor, y: torch.Tensor, averaged: bool) -> tuple[float, float]:
         """This group's mean member and ensemble test NLL; adds them to the average if asked."""
-        from metasampler.benchmark.metrics import ensemble_log_probs_from_lp
+        from metasampler.benchmark.metrics import (
+            ensemble_log_probs_from_lp,
+            member_nll,
+            negative_log_likelihood,
+        )  # fmt: skip
 
         mine = log_probs[self.chains]
-        labels = y.view(1, -1, 1).expand(mine.shape[0], -1, 1)
-        member = float(-mine.gather(-1, labels).mean())
-        ensemble = float(-ensemble_log_probs_from_lp(mine).gather(-1, y.view(-1, 1)).mean())
+        member = member_nll(mine, y)
+        ensemble = negative_log_likelihood(ensemble_log_probs_from_lp(mine), y)
         if averaged:
             self.average.update(mine)
             self.member_sum += member * mine.shape[0]
@@ -137,11 +140,12 @@ class GroupReport:
 
     def average_cells(self, y: torch.Tensor) -> list[str]:
         """The posterior average's NLL, error and its states' mean member NLL (or dashes)."""
+        from metasampler.benchmark.metrics import error_rate, negative_log_likelihood
+
         if not self.average.count:
             return ["-", "-", "-"]
         log_mean = self.average.log_mean()
-        nll = float(-log_mean.gather(-1, y.view(-1, 1)).mean())
-        error = float((log_mean.argmax(-1) != y).double().mean()) * 100
+        nll, error = negative_log_likelihood(log_mean, y), error_rate(log_mean, y) * 100
         return [f"{nll:.4f}", f"{error:.2f}", f"{self.member_sum / self.average.count:.4f}"]
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "frame_targets",
     "is_sequence_model",
     "mean_se",
+    "member_nll",
     "metrics_from_log_probs",
     "negative_log_likelihood",
     "predict_frame_log_probs",
@@ -82,6 +83,15 @@ def negative_log_likelihood(log_probs: Tensor, y: Tensor) -> float:
     _check_pred(log_probs, y)
     picked = log_probs.gather(-1, y.to(log_probs.device).long().unsqueeze(-1)).squeeze(-1)
     return float(-picked.double().mean())
+
+
+def member_nll(log_probs: Tensor, y: Tensor) -> float:
+    """The members' mean NLL: :func:`negative_log_likelihood` of each of ``K`` members'
+    ``(K, B, C)`` log-probabilities, averaged over the members (not the NLL of their average)."""
+    if log_probs.ndim != 3:
+        raise ValueError(f"log_probs must have shape (K, B, C), got {tuple(log_probs.shape)}")
+    labels = y.to(log_probs.device).repeat(log_probs.shape[0])
+    return negative_log_likelihood(log_probs.flatten(0, 1), labels)
 
 
 def calibration_bins(

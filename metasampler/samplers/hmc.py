@@ -27,6 +27,7 @@ trajectories.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -130,9 +131,9 @@ class HMC(Sampler):
         return state
 
     def _step(self, state, target, eta, temperature, generator):
-        extras = dict(state.extras)
         if state.step % self.n_leapfrog == 0:
-            state, extras = self._start_trajectory(state, extras, eta, temperature, generator)
+            state = self._start_trajectory(state, eta, temperature, generator)
+        extras = dict(state.extras)
         momentum = state.momentum - 0.5 * extras["trajectory_eta"] * state.grad
         theta = state.theta + extras["trajectory_eta"] * extras["inverse_mass"] * momentum
         ev = target.evaluate(theta, generator)
@@ -150,8 +151,9 @@ class HMC(Sampler):
             new = self._end_trajectory(new, temperature, generator)
         return new
 
-    def _start_trajectory(self, state, extras, eta, temperature, generator):
+    def _start_trajectory(self, state, eta, temperature, generator):
         """Fresh momenta ``N(0, T M)``, the start's Hamiltonian and this trajectory's step."""
+        extras = dict(state.extras)
         inverse_mass = extras["inverse_mass"]
         momentum = (
             gaussian_like(state.theta, generator, math.sqrt(temperature)) / inverse_mass.sqrt()
@@ -166,8 +168,7 @@ class HMC(Sampler):
             trajectory_eta=eta * extras["step_scale"] * (1.0 + self.jitter * (2.0 * u - 1.0)),
             diverged=torch.zeros_like(state.energy, dtype=torch.bool),
         )  # fmt: skip
-        return SamplerState(state.theta, momentum, extras, state.step, state.eta, state.energy,
-                            state.grad), extras  # fmt: skip
+        return replace(state, momentum=momentum, extras=extras)
 
     def _end_trajectory(self, state, temperature, generator):
         """The Metropolis test; rejected (or diverged) chains return to the trajectory's start."""

@@ -57,13 +57,12 @@ def test_adaptation_brings_the_acceptance_rate_to_its_target() -> None:
 
 def test_a_diverging_trajectory_is_rejected_not_raised() -> None:
     case = correlated_gaussian()
-    state_before = None
     sampler = HMC(eta=3.0, n_leapfrog=20, jitter=0.0)  # the stiff direction grows 8x a step
     start = case.mean.expand(4, -1).clone()
     result = run_chains(sampler, case.target(), 4, 20, seed=0, dtype=torch.float64, init=start)
-    state_before = result.final_state
-    assert torch.equal(state_before.theta, start)  # every chain rejected, back at the start
-    assert float(state_before.extras["accepted"].sum()) == 0.0
+    final = result.final_state
+    assert torch.equal(final.theta, start)  # every chain rejected, back at the start
+    assert float(final.extras["accepted"].sum()) == 0.0
 
 
 def test_hmc_refuses_minibatch_and_noisy_targets() -> None:
