@@ -16,12 +16,12 @@ mass and adaptation), it moves each group's chains towards the posterior near wh
 sampler left them. The script prints, per group and every ``--report-every`` trajectories,
 the mean step and acceptance rate, the chains that accept under a tenth of their proposals
 ("stuck": their positions are still the sampler's), the temperature of each layer (1 at the
-posterior), the current states' mean and ensemble test NLL, and the test NLL and error of the
-posterior average over the HMC states from trajectory ``--average-from`` on, with the states'
-mean member NLL (their disagreement is the gap). What a sampler's posterior average loses or
-keeps under HMC separates the part of its score that came from its bias (temperature) from the
-part that came from where its chains went (which basins, how spread out), which HMC over a few
-hundred trajectories does not change.
+posterior), the current states' mean NLL on the training data, their mean and ensemble test
+NLL, and the test NLL and error of the posterior average over the HMC states from trajectory
+``--average-from`` on, with the states' mean member NLL (their disagreement is the gap). When
+the groups' statistics agree and stop moving, HMC has reached the posterior in them, and
+``scripts/chain_fit.py --init-states`` on its ``--save-states`` file shows where each SG
+sampler's own law lies from there (docs/RESULTS.md, "Converged HMC on a smaller network").
 
 The inverse mass is each coordinate's variance over all groups' start states (pooled about
 their mean, floored at ``--mass-floor`` times its median): HMC's step then need not be set by
@@ -174,7 +174,7 @@ def load_inputs(args: argparse.Namespace):
 def print_tables(reports: list[GroupReport], layers: list[tuple[str, slice]]) -> None:
     """One table per group, a row per reported trajectory."""
     header = ["trajectory", "mean step", "accept", "stuck", *[f"T {name}" for name, _ in layers],
-              "member NLL", "ensemble NLL", "average NLL", "average err %",
+              "train NLL", "member NLL", "ensemble NLL", "average NLL", "average err %",
               "average's member NLL"]  # fmt: skip
     for group in reports:
         print(f"\n{group.label}: chains {group.chains.start}-{group.chains.stop - 1}")
@@ -186,7 +186,7 @@ def print_tables(reports: list[GroupReport], layers: list[tuple[str, slice]]) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from metasampler import sample
-    from metasampler.benchmark.metrics import predict_log_probs
+    from metasampler.benchmark.metrics import member_nll, predict_log_probs
     from metasampler.benchmark.temperature import coordinate_virials, layer_slices
     from metasampler.files import save_checksummed
     from metasampler.samplers import HMC
@@ -224,13 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         averaged = trajectory >= average_from
         listed = trajectory % args.report_every == 0 or trajectory == args.trajectories
         virials = coordinate_virials(target, state.theta) if listed else None
+        train = predict_log_probs(target, state.theta, target.x, 1000) if listed else None
         for group in reports:
             member, ensemble = group.add(log_probs, y_test, averaged)
             if listed:
                 temps = [f"{float(virials[group.chains, sl].mean()):.3f}" for _, sl in layers]
+                fit = member_nll(train[group.chains], target.y)
                 group.rows.append([
                     str(trajectory), *chain_cells(state, group.chains, trajectory), *temps,
-                    f"{member:.4f}", f"{ensemble:.4f}", *group.average_cells(y_test),
+                    f"{fit:.4f}", f"{member:.4f}", f"{ensemble:.4f}", *group.average_cells(y_test),
                 ])  # fmt: skip
         if listed:
             print(f"trajectory {trajectory}: " + "; ".join(

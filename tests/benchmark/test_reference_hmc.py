@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from metasampler.benchmark import synthetic_classification_problem
-from metasampler.files import save_checksummed
+from metasampler.benchmark.metrics import member_nll, predict_log_probs
+from metasampler.files import load_checksummed, save_checksummed
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -35,11 +36,15 @@ def problem(monkeypatch):
     torch.set_num_threads(threads)  # (the script sets the config's thread count)
 
 
+def _table(out: str, group: int) -> list[list[str]]:
+    """The cells of group ``group``'s table, a list per reported trajectory."""
+    table = out.split("chains ")[group + 1]
+    return [line.split("|")[1:-1] for line in table.splitlines() if re.match(r"\| \d", line)]
+
+
 def _layer_temperatures(out: str, group: int) -> list[list[float]]:
     """Per reported trajectory, the layer temperatures of group ``group``'s table."""
-    table = out.split("chains ")[group + 1]
-    rows = [line.split("|")[1:-1] for line in table.splitlines() if re.match(r"\| \d", line)]
-    return [[float(cell) for cell in row[4:6]] for row in rows]
+    return [[float(cell) for cell in row[4:6]] for row in _table(out, group)]
 
 
 def test_hmc_brings_hot_chains_to_the_posteriors_temperature(problem, tmp_path, capsys) -> None:
@@ -49,11 +54,20 @@ def test_hmc_brings_hot_chains_to_the_posteriors_temperature(problem, tmp_path, 
     argv = [
         "--config", CONFIG, "--states", str(tmp_path / "hot.pt"), "--trajectories", "200",
         "--n-leapfrog", "10", "--adapt", "20", "--report-every", "50", "--eta", "0.05",
+        "--save-states", str(tmp_path / "end.pt"),
     ]  # fmt: skip
     assert reference_hmc.main(argv) == 0
-    rows = _layer_temperatures(capsys.readouterr().out, 0)
+    out = capsys.readouterr().out
+    rows = _layer_temperatures(out, 0)
     assert min(rows[0]) > 2.0, rows  # the start, in both layers
     assert all(0.7 < t < 1.3 for t in rows[-1]), rows  # after 180 trajectories at a fixed step
+    # The train-NLL column is the final states' mean NLL on the training data.
+    final = load_checksummed(tmp_path / "end.pt")["theta"]
+    target = problem.target
+    expected = member_nll(predict_log_probs(target, final, target.x, 1000), target.y)
+    train_nll = [float(row[6]) for row in _table(out, 0)]
+    assert train_nll[-1] == pytest.approx(expected, abs=1e-4)
+    assert train_nll[-1] < 0.5 * train_nll[0]  # prior draws fit the data far worse
 
 
 def test_states_that_do_not_fit_the_model_are_refused(problem, tmp_path, capsys) -> None:
