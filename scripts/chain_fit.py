@@ -67,16 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def nlls(target, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """The chains' mean NLL per example on ``(x, y)`` and their ensemble's (the NLL of the
     chains' average predictive)."""
-    from metasampler.benchmark.metrics import (
-        ensemble_log_probs_from_lp,
-        member_nll,
-        negative_log_likelihood,
-        predict_log_probs,
-    )  # fmt: skip
+    from metasampler.benchmark.metrics import member_and_ensemble_nll, predict_log_probs
 
-    log_probs = predict_log_probs(target, theta, x, 1000)
-    ensemble = negative_log_likelihood(ensemble_log_probs_from_lp(log_probs), y)
-    return member_nll(log_probs, y), ensemble
+    return member_and_ensemble_nll(predict_log_probs(target, theta, x, 1000), y)
 
 
 # Bins of "training examples with this input feature non-zero" for the first-layer split.

@@ -124,15 +124,10 @@ class GroupReport:
 
     def add(self, log_probs: torch.Tensor, y: torch.Tensor, averaged: bool) -> tuple[float, float]:
         """This group's mean member and ensemble test NLL; adds them to the average if asked."""
-        from metasampler.benchmark.metrics import (
-            ensemble_log_probs_from_lp,
-            member_nll,
-            negative_log_likelihood,
-        )  # fmt: skip
+        from metasampler.benchmark.metrics import member_and_ensemble_nll
 
         mine = log_probs[self.chains]
-        member = member_nll(mine, y)
-        ensemble = negative_log_likelihood(ensemble_log_probs_from_lp(mine), y)
+        member, ensemble = member_and_ensemble_nll(mine, y)
         if averaged:
             self.average.update(mine)
             self.member_sum += member * mine.shape[0]

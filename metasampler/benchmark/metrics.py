@@ -36,6 +36,7 @@ __all__ = [
     "frame_targets",
     "is_sequence_model",
     "mean_se",
+    "member_and_ensemble_nll",
     "member_nll",
     "metrics_from_log_probs",
     "negative_log_likelihood",
@@ -92,6 +93,14 @@ def member_nll(log_probs: Tensor, y: Tensor) -> float:
         raise ValueError(f"log_probs must have shape (K, B, C), got {tuple(log_probs.shape)}")
     labels = y.to(log_probs.device).repeat(log_probs.shape[0])
     return negative_log_likelihood(log_probs.flatten(0, 1), labels)
+
+
+def member_and_ensemble_nll(log_probs: Tensor, y: Tensor) -> tuple[float, float]:
+    """``(members' mean NLL, their ensemble's NLL)`` of ``(K, B, C)`` log-probabilities: the
+    ensemble averages the members' probabilities, so the second is at most the first."""
+    return member_nll(log_probs, y), negative_log_likelihood(
+        ensemble_log_probs_from_lp(log_probs), y
+    )
 
 
 def calibration_bins(

@@ -6,6 +6,7 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from metasampler import BayesianModel
@@ -81,8 +82,6 @@ def test_mean_and_se_over_chains() -> None:
 def test_chains_start_from_saved_states_or_the_configs_initialisation(tmp_path) -> None:
     from types import SimpleNamespace
 
-    import pytest
-
     from metasampler.files import save_checksummed
 
     x = torch.zeros(4, 3)
@@ -99,16 +98,3 @@ def test_chains_start_from_saved_states_or_the_configs_initialisation(tmp_path) 
     save_checksummed(tmp_path / "wide.pt", {"theta": torch.zeros(3, target.dim + 1)})
     with pytest.raises(ValueError, match="do not fit this model"):
         chain_fit.chain_starts(str(tmp_path / "wide.pt"), problem, 5)
-
-
-def test_member_nll_averages_each_members_nll_not_their_average() -> None:
-    import pytest
-
-    from metasampler.benchmark.metrics import member_nll
-
-    # Two members on one example of class 0: probabilities 0.8 and 0.2 for it.
-    log_probs = torch.tensor([[[0.8, 0.2]], [[0.2, 0.8]]], dtype=torch.float64).log()
-    y = torch.tensor([0])
-    assert member_nll(log_probs, y) == pytest.approx(-(math.log(0.8) + math.log(0.2)) / 2)
-    with pytest.raises(ValueError, match="K, B, C"):
-        member_nll(log_probs[0], y)

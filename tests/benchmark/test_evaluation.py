@@ -27,6 +27,8 @@ from metasampler.benchmark import (
     error_rate,
     expected_calibration_error,
     format_mean_se,
+    member_and_ensemble_nll,
+    member_nll,
     negative_log_likelihood,
     predict_log_probs,
     predictive_entropy,
@@ -50,6 +52,17 @@ def test_error_and_nll_of_known_probabilities():
     assert error_rate(probs.log(), y) == pytest.approx(2 / 3)
     expected = -(math.log(0.7) + math.log(0.3) + math.log(0.4)) / 3
     assert negative_log_likelihood(probs.log(), y) == pytest.approx(expected, rel=1e-12)
+
+
+def test_member_nll_averages_each_members_nll_not_their_average():
+    # Two members on one example of class 0: probabilities 0.8 and 0.2 for it.
+    log_probs = torch.tensor([[[0.8, 0.2]], [[0.2, 0.8]]], dtype=torch.float64).log()
+    y = torch.tensor([0])
+    members = -(math.log(0.8) + math.log(0.2)) / 2
+    assert member_nll(log_probs, y) == pytest.approx(members)
+    assert member_and_ensemble_nll(log_probs, y) == pytest.approx((members, math.log(2.0)))
+    with pytest.raises(ValueError, match="K, B, C"):
+        member_nll(log_probs[0], y)
 
 
 def test_ensemble_averages_probabilities_not_logits():
