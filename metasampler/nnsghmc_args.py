@@ -121,8 +121,9 @@ def _arg(
     config: bool = True,
 ) -> Any:
     """One argument: ``check`` names its valid values (``"widths"``, ``"finite"``,
-    ``"non_negative"``, ``"positive"``, ``"positive_or_none"``, ``"bool"``, ``"fraction"``:
-    ``[0, 1)``) or is the :class:`Enum` of its choices."""
+    ``"non_negative"``, ``"positive"``, ``"positive_or_none"``, ``"step_or_none"``: a whole
+    number of steps, ``"bool"``, ``"fraction"``: ``[0, 1)``) or is the :class:`Enum` of its
+    choices."""
     metadata = {"doc": doc, "check": check, "section": section, "since": since, "config": config}
     return field(default=default, metadata=metadata)
 
@@ -131,8 +132,8 @@ def _arg(
 class NNSGHMCArgs:
     """The arguments that describe an NNSGHMC sampler (architecture and constants).
 
-    Values are checked and normalised (choices to plain strings, numbers to ``float``) on
-    construction; a bad value raises :class:`ValueError` naming the argument.
+    Values are checked and normalised (choices to plain strings, numbers to ``float``, steps
+    to ``int``) on construction; a bad value raises :class:`ValueError` naming the argument.
     """
 
     q_hidden: tuple[int, ...] = _arg(
@@ -285,6 +286,17 @@ class NNSGHMCArgs:
         "``precondition_power``).",
         check="fraction", since=5,
     )  # fmt: skip
+    stiffness_freeze_after: int | None = _arg(
+        None,
+        "after this many steps of a chain ``V`` stops adapting: the stiffness and the "
+        "preconditioner keep their values from then on, as an adaptive MCMC's warm-up fixes "
+        "its metric, so the chain is a time-homogeneous sampler that Gamma makes exact. While "
+        "``V`` keeps adapting, the preconditioner follows where the chains have just been, a "
+        "dependence Gamma has no term for; on the MNIST MLP the learned sampler's last layers "
+        "then ran hot and fitted the data worse (docs/RESULTS.md, session 45). ``None``: "
+        "``V`` adapts throughout, as pSGLD's does. Set it to the run's burn-in.",
+        check="step_or_none", since=8,
+    )  # fmt: skip
     precondition_power: float = _arg(
         0.0,
         "``gamma_P``: multiply the curl by the per-coordinate preconditioner ``P_i = "
@@ -356,7 +368,8 @@ def config_fields() -> list[tuple[str, Any, Any]]:
         elif check == "widths":
             result.append((f.name, list[int], field(default_factory=partial(list, f.default))))
         else:
-            kind = {"bool": bool, "positive_or_none": float | None}.get(check, float)
+            kinds = {"bool": bool, "positive_or_none": float | None, "step_or_none": int | None}
+            kind = kinds.get(check, float)
             result.append((f.name, kind, field(default=f.default)))
     return result
 
@@ -405,6 +418,10 @@ def _checked(f: Field, value: Any) -> Any:
         return tuple(int(h) for h in widths)
     if check == "bool":
         return bool(value)
+    if check == "step_or_none":
+        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+            raise ValueError(f"{name} must be a whole number of steps >= 1 or None, got {value!r}")
+        return None if value is None else int(value)
     if check == "positive_or_none":
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")

@@ -44,9 +44,9 @@ __all__ = [
 
 FORMAT = "metasampler.nnsghmc"
 #: The format version written.
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 #: Format versions read (1: header not covered by the checksum).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 #: The safetensors metadata key holding the JSON header.
 HEADER_KEY = "metasampler"
 CHECKSUM_TENSORS = "sha256"  # format version 1: tensors only
@@ -143,6 +143,7 @@ _ARG_CHECKS: dict[str, Check] = {
     "non_negative": _real(0.0, MAX_CONSTANT),
     "positive": _POSITIVE,
     "positive_or_none": _optional(_POSITIVE),
+    "step_or_none": _optional(lambda v: None if int_in(v, 1) else "an integer >= 1"),
     "bool": _bool,
     "fraction": _fraction,
 }

@@ -15,7 +15,10 @@ mixed in those directions. The last column is the chains' mean configurational t
 ``theta . grad U(theta) / D`` (full-data gradient; 1 in expectation over the posterior, below
 while the chains spread from a small start or sample cold, above where they run hot:
 :mod:`metasampler.benchmark.temperature`); a last table gives it per parameter tensor (each
-also 1 at the posterior), which shows where the chains run hot or cold.
+also 1 at the posterior), which shows where the chains run hot or cold. For NNSGHMC another
+table gives the median of the learned curl ``Q_f`` per parameter tensor (with its stiffness
+preconditioner and speed limit, at the chains' state): how fast each tensor's coordinates move
+per step relative to ``eta``.
 
 Where the model's first parameter is a ``Linear`` weight on the flat inputs (the MLPs), a
 second table splits the first layer's weights by how many training examples have their input
@@ -107,6 +110,15 @@ def labelled_slices(target) -> list[tuple[str, slice]]:
     return [(f"{name} ({part.stop - part.start})", part) for name, part in parameter_slices(target)]
 
 
+def curl_medians(sampler, state, target, slices: list[tuple[str, slice]]) -> list[str]:
+    """The median of NNSGHMC's curl ``Q_f`` over each tensor's coordinates and the chains, at
+    the chains' state (its gradient statistic as the next step would use it)."""
+    grad_sq = state.extras.get("grad_sq")
+    with torch.no_grad():
+        q = sampler.drift_terms(state.theta, state.momentum, target, grad_sq=grad_sq).q
+    return [f"{float(q[:, part].median()):.3f}" for _, part in slices]
+
+
 def mean_and_se(per_chain: torch.Tensor) -> tuple[float, float]:
     """Mean over the chains and its standard error (the chains are independent)."""
     return float(per_chain.mean()), float(per_chain.std() / per_chain.numel() ** 0.5)
@@ -171,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
     split = first_layer_split(target, data.x_train)
     by_frequency: dict[int, list[str]] = {}
-    slices, by_tensor = labelled_slices(target), {}
+    slices, by_tensor, curl_by_tensor = labelled_slices(target), {}, {}
     average, member_nll_sum, final = RunningAverage(), [0.0], {}
 
     def report(state) -> None:
@@ -198,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             by_tensor[state.step] = [
                 "{:.3f} ± {:.3f}".format(*mean_and_se(virials[:, sl].mean(-1))) for _, sl in slices
             ]
+            if hasattr(sampler, "drift_terms"):
+                curl_by_tensor[state.step] = curl_medians(sampler, state, target, slices)
             print(f"| {state.step} | {train:.4f} | {test:.4f} | {ensemble:.4f} | {energy:.1f} | "
                   f"{norm:.1f} | {temperature:.3f} |", flush=True)  # fmt: skip
 
@@ -216,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         "coordinates, mean ± standard error over the chains (1 at the posterior)",
         [label for label, _ in slices], by_tensor,
     )  # fmt: skip
+    if curl_by_tensor:
+        print_by_step(
+            "NNSGHMC's curl Q_f by parameter tensor: median over the chains and coordinates",
+            [label for label, _ in slices], curl_by_tensor,
+        )  # fmt: skip
     if average.count:
         print_average(average, member_nll_sum[0] / average.count, data.y_test, args.average_from)
     if args.save_states is not None:

@@ -247,7 +247,7 @@ def test_header_contents(saved):
     sampler, path = saved
     header = read_header(path)
     assert header["format"] == FORMAT == "metasampler.nnsghmc"
-    assert header["format_version"] == FORMAT_VERSION == 7
+    assert header["format_version"] == FORMAT_VERSION == 8
     assert header["checksum"]["algorithm"] == CHECKSUM_FULL
     assert header["architecture"] == {
         "q_hidden": [8, 6],
@@ -265,6 +265,7 @@ def test_header_contents(saved):
     assert header["constants"]["grad_input"] == "per_datum"
     assert header["constants"]["friction_units"] == "per_step"
     assert header["constants"]["precondition_power"] == 0.0  # (format 6)
+    assert header["constants"]["stiffness_freeze_after"] is None  # (format 8)
     assert header["training"] == {"eta": 0.03, "lr": None, "temperature": 1.0}
     assert header["statistics"] == {k: v for k, v in BUFFERS.items() if k != "train_dim"}
     assert header["train_dim"] == 4
@@ -487,14 +488,14 @@ def test_wrong_format_name(saved, tmp_path):
         load_sampler(bad)
 
 
-@pytest.mark.parametrize("version", [99, 0, "1", 8])
+@pytest.mark.parametrize("version", [99, 0, "1", 9])
 def test_other_format_version(saved, tmp_path, version):
     _, path = saved
     bad = rewrite(
         path, tmp_path / "v.safetensors", header=lambda h: h.update(format_version=version)
     )
     message = f"written by format version {version!r}; this metasampler reads versions "
-    message += "1, 2, 3, 4, 5, 6 and 7"
+    message += "1, 2, 3, 4, 5, 6, 7 and 8"
     with pytest.raises(SamplerFileError, match=re.escape(message)):
         load_sampler(bad)
     assert read_header(bad)["format_version"] == version  # inspection still works
@@ -504,13 +505,15 @@ def as_version_1(header: dict) -> None:
     """A version-1 header: written before d_clamp, grad_input and friction_units (version 2),
     energy_input (version 3), q_momentum_input (version 4), q_stiffness_input and
     stiffness_decay (version 5), precondition_power and precondition_range (version 6),
-    q_output, momentum_input_clamp and speed_limit (version 7) existed."""
+    q_output, momentum_input_clamp and speed_limit (version 7), stiffness_freeze_after
+    (version 8) existed."""
     header["format_version"] = 1
     for name in ("q_output", "q_momentum_input", "q_stiffness_input"):
         del header["architecture"][name]
     for name in (
         "d_clamp", "grad_input", "friction_units", "energy_input", "stiffness_decay",
         "precondition_power", "precondition_range", "momentum_input_clamp", "speed_limit",
+        "stiffness_freeze_after",
     ):  # fmt: skip
         del header["constants"][name]
     header["checksum"]["algorithm"] = "sha256"  # over the tensors only (set by rewrite)

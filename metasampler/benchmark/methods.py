@@ -102,6 +102,10 @@ class NNSGHMCMethod(MethodGrid):
     # The curl's stiffness preconditioner (the sampler's `precondition_power` gamma_P; 0 turns a
     # file's off): null keeps the file's value. Needs gamma exact (docs/RESULTS.md, session 21).
     precondition_power: float | None = None
+    # The step after which each chain's gradient statistic V (the preconditioner's and the
+    # stiffness input's) stops adapting, so that the sampler is time-homogeneous from then on
+    # (the sampler's `stiffness_freeze_after`): null keeps the file's value; e.g. the burn-in.
+    stiffness_freeze_after: int | None = None
     # Estimate each coordinate's minibatch gradient-noise variance from the minibatch's two
     # halves and leave its share out of the injected noise (the sampler's
     # `grad_noise_estimate`; the sampler is not told any variance by default).
@@ -244,8 +248,14 @@ def _cycles(options: Mapping[str, Any], ctx: BuildContext) -> dict[str, Any]:
     }
 
 
-# Constants of the sampler file an NNSGHMC section may replace (null keeps the file's).
-_FILE_CONSTANTS = ("momentum_input_clamp", "speed_limit", "precondition_power")
+# Constants of the sampler file an NNSGHMC section may replace (null keeps the file's), and
+# their types.
+_FILE_CONSTANTS = {
+    "momentum_input_clamp": float,
+    "speed_limit": float,
+    "precondition_power": float,
+    "stiffness_freeze_after": int,
+}
 
 
 def preconditioner_gamma_conflict(power: float, gamma: str | None) -> str | None:
@@ -271,9 +281,9 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
         per_step = sampler.friction_units == "per_step"
         eta = resolve_eta(sampler.eta, sampler.lr, ctx.n_data, sampler.order)
         sampler.c = decay if per_step else decay / eta
-    for name in _FILE_CONSTANTS:
+    for name, kind in _FILE_CONSTANTS.items():
         if options.get(name) is not None:
-            setattr(sampler, name, float(options[name]))
+            setattr(sampler, name, kind(options[name]))
     sampler.grad_noise_estimate = bool(options.get("grad_noise_estimate", False))
     conflict = preconditioner_gamma_conflict(sampler.precondition_power, sampler.gamma)
     if conflict:
@@ -465,15 +475,15 @@ def _finite_positive(value: Any) -> bool:
     return value > 0 and math.isfinite(value)
 
 
-def _check_noise_estimate_from(key: str, section: Mapping[str, Any]) -> None:
-    start = section.get("grad_noise_estimate_from")
-    if start is None:
-        return
-    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
-        raise ConfigError(
-            f"methods.{key}.grad_noise_estimate_from must be a step >= 1 or null, got {start!r}"
-        )
-    if section.get("grad_noise_estimate"):
+_STEP_OPTIONS = ("grad_noise_estimate_from", "stiffness_freeze_after")
+
+
+def _check_steps(key: str, section: Mapping[str, Any]) -> None:
+    for name in _STEP_OPTIONS:
+        step = section.get(name)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
+            raise ConfigError(f"methods.{key}.{name} must be a step >= 1 or null, got {step!r}")
+    if section.get("grad_noise_estimate_from") is not None and section.get("grad_noise_estimate"):
         raise ConfigError(
             f"methods.{key}: grad_noise_estimate_from turns the estimate on from a step; "
             "set grad_noise_estimate to false with it (true estimates for the whole run)"
@@ -527,7 +537,7 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
             f"methods.{key}.n_cycles must be in [1, {shortest_run}] (the shortest run, "
             f"budget.n_steps or tune.n_steps), got {section['n_cycles']!r}"
         )
-    _check_noise_estimate_from(key, section)
+    _check_steps(key, section)
     alpha = section.get("alpha_per_step")
     if alpha is not None and not (alpha >= 0 and math.isfinite(alpha)):
         raise ConfigError(

@@ -33,7 +33,9 @@ takes it unclamped) and the gradient input
 step, so Gamma has no term for it. The same statistic can precondition the curl
 (``precondition_power`` ``gamma_P > 0``): ``Q_f,i`` above is multiplied by
 ``P_i = exp(clamp(-gamma_P (s_i - median s), -L, L))`` (``s`` from ``V`` averaged over the
-chains), so every derivative of ``Q_f`` in Gamma is multiplied by ``P_i`` too.
+chains), so every derivative of ``Q_f`` in Gamma is multiplied by ``P_i`` too. With
+``stiffness_freeze_after`` ``V`` stops adapting after that step, as an adaptive MCMC's warm-up
+fixes its metric, and the chain is time-homogeneous from then on.
 Every transformation enters the chain rule, e.g.
 ``d Q_f,i / d theta_i = (d f_phiQ / d u) * s_U / (sigma_U N) * (d_i Ũ - (1 - r) d_i prior)``.
 
@@ -383,7 +385,9 @@ class NNSGHMC(nn.Module, Sampler):
         noise = gaussian_like(p, generator) if temperature > 0 else None
         v = self._scalars(target, eta, temperature)
         decay = self.stiffness_decay if self.uses_stiffness else None
-        chain_stats = stats.update_chain_statistics(extras, ev, k, decay)
+        chain_stats = stats.update_chain_statistics(
+            extras, ev, k, decay, self.stiffness_freeze_after
+        )
         stiffness = None
         if self.uses_stiffness:  # V of the earlier steps (the first step: its own gradient's)
             past = extras.get("grad_sq", chain_stats["grad_sq"])

@@ -14,6 +14,11 @@ and ``eta`` are at test time. ``V`` holds earlier steps' gradients only, so with
 is a constant of ``z`` and Gamma needs no derivative of it; like pSGLD's, it adapts as the
 chain moves (a plain mean over the first ``1 / (1 - decay)`` steps, then exponential).
 
+With ``stiffness_freeze_after`` ``V`` stops adapting after that many steps of the chain,
+as an adaptive MCMC's warm-up fixes its metric: from then on the preconditioner is a constant
+and the chain a time-homogeneous sampler that Gamma makes exact. While it adapts, ``P``
+follows where the chains have just been, a dependence Gamma has no term for.
+
 The same statistic gives the curl's optional preconditioner (``precondition_power``)
 ``P_i = exp(-gamma_P (s_i - s_ref))``, clamped, with ``s_ref`` the median of ``s`` over all
 chains and coordinates: ``eta`` stays the step of a median coordinate, and the others move
@@ -45,14 +50,24 @@ def update_grad_sq(past: Tensor | None, grad: Tensor, step: int, decay: float) -
 
 
 def update_chain_statistics(
-    past: Mapping[str, Tensor], ev: Evaluation, step: int, grad_sq_decay: float | None
+    past: Mapping[str, Tensor],
+    ev: Evaluation,
+    step: int,
+    grad_sq_decay: float | None,
+    freeze_after: int | None = None,
 ) -> dict[str, Tensor]:
     """The running means a chain carries after its ``step``-th evaluation ``ev``:
-    ``grad_sq``, of its squared gradients (when ``grad_sq_decay`` is given), and
-    ``noise_var``, of the estimated gradient-noise variance (when ``ev`` has one)."""
+    ``grad_sq``, of its squared gradients (when ``grad_sq_decay`` is given; held at its
+    value after step ``freeze_after``), and ``noise_var``, of the estimated gradient-noise
+    variance (when ``ev`` has one)."""
     out = {}
     if grad_sq_decay is not None:
-        out["grad_sq"] = update_grad_sq(past.get("grad_sq"), ev.grad, step, grad_sq_decay)
+        frozen = freeze_after is not None and step > freeze_after and "grad_sq" in past
+        out["grad_sq"] = (
+            past["grad_sq"]
+            if frozen
+            else update_grad_sq(past.get("grad_sq"), ev.grad, step, grad_sq_decay)
+        )
     noise_var = update_noise_var(past.get("noise_var"), ev, step)
     if noise_var is not None:
         out["noise_var"] = noise_var

@@ -98,3 +98,27 @@ def test_chains_start_from_saved_states_or_the_configs_initialisation(tmp_path) 
     save_checksummed(tmp_path / "wide.pt", {"theta": torch.zeros(3, target.dim + 1)})
     with pytest.raises(ValueError, match="do not fit this model"):
         chain_fit.chain_starts(str(tmp_path / "wide.pt"), problem, 5)
+
+
+def test_curl_medians_show_the_preconditioner_per_tensor() -> None:
+    # A constant curl Q_f = 1 preconditioned with power 1: a tensor whose squared gradients
+    # are 100 times the median coordinate's moves 10 times slower, a median one at 1.
+    from metasampler.learned import NNSGHMC
+    from metasampler.samplers import SamplerState
+
+    x = torch.zeros(10, 4)
+    target = BayesianModel(make_mlp(4, [3], 2), (x, torch.zeros(10, dtype=torch.long)))
+    sampler = NNSGHMC(
+        eta=0.05, q_hidden=(4,), d_hidden=(4,), q_momentum_input=False, beta_off=1.0,
+        precondition_power=1.0, seed=0, compile=False,
+    )  # fmt: skip
+    with torch.no_grad():
+        sampler.f_q.head.weight.zero_()
+        sampler.f_q.head.bias.zero_()
+    slices = chain_fit.labelled_slices(target)
+    grad_sq = torch.ones(2, target.dim)
+    grad_sq[:, slices[2][1]] = 100.0  # the output layer's 6 weights of 23 coordinates
+    theta = torch.zeros(2, target.dim)
+    state = SamplerState(theta, torch.zeros_like(theta), {"grad_sq": grad_sq}, 0, 0.05)
+    medians = chain_fit.curl_medians(sampler, state, target, slices)
+    assert medians == ["1.000", "1.000", "0.100", "1.000"]

@@ -548,6 +548,21 @@ def test_the_curls_preconditioner_can_be_set_for_a_file_and_needs_exact_gamma(tm
             load_benchmark_config(None, overrides)
 
 
+def test_the_statistics_freeze_can_be_set_for_a_file(tmp_path):
+    """``methods.nnsghmc.stiffness_freeze_after`` sets the step after which a loaded
+    sampler's gradient statistic stops adapting (null keeps the file's); it must be a whole
+    step >= 1."""
+    path = tmp_path / "s.safetensors"
+    _nnsghmc(c=0.3, friction_units="per_step").save(str(path))
+    kept = build_method("nnsghmc", {}, 0.02, n_data=120, n_steps=10, sampler_path=path)
+    options = {"stiffness_freeze_after": 7, "precondition_power": 0.5, "gamma": "exact"}
+    set_ = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=path)
+    assert kept.stiffness_freeze_after is None and set_.stiffness_freeze_after == 7
+    for bad in (0, 2.5, "x"):
+        with pytest.raises(ConfigError, match="stiffness_freeze_after"):
+            load_benchmark_config(None, [f"methods.nnsghmc.stiffness_freeze_after={bad}"])
+
+
 def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:
     """SGLD's tuning rows on a tiny synthetic task, with ``tune.<key>=<value>`` overrides."""
     cfg = load_benchmark_config(

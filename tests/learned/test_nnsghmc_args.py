@@ -27,8 +27,8 @@ NON_DEFAULT = dict(
     grad_input_scale=70.0, gamma="none", momentum_init="zeros",
     detach_inputs=False, d_clamp=5.0, grad_input="per_datum", friction_units="per_step",
     energy_input="per_coordinate", q_momentum_input=False, q_stiffness_input=True,
-    stiffness_decay=0.9, precondition_power=0.5, precondition_range=3.0,
-    momentum_input_clamp=4.0, speed_limit=3.0,
+    stiffness_decay=0.9, stiffness_freeze_after=200, precondition_power=0.5,
+    precondition_range=3.0, momentum_input_clamp=4.0, speed_limit=3.0,
 )  # fmt: skip
 
 
@@ -58,7 +58,9 @@ def test_the_signature_lists_every_argument():
     "name, bad",
     [("alpha", -1.0), ("q_clamp", 0.0), ("beta_off", float("inf")), ("d_clamp", -2.0),
      ("gamma", "exactly"), ("d_output", "identity"), ("momentum_init", "ones"),
-     ("q_hidden", ()), ("activation", "gelu"), ("energy_input", "per_dimension")],
+     ("q_hidden", ()), ("activation", "gelu"), ("energy_input", "per_dimension"),
+     ("stiffness_freeze_after", 0), ("stiffness_freeze_after", 2.5),
+     ("stiffness_freeze_after", True)],
 )  # fmt: skip
 def test_invalid_values_are_refused_naming_the_argument(name, bad):
     with pytest.raises(ValueError, match=name):

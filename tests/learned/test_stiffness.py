@@ -13,6 +13,7 @@ from test_nnsghmc import moments_with_and_without_gamma, strongly_state_dependen
 import metasampler as ms
 from metasampler.learned import NNSGHMC
 from metasampler.learned.stiffness import stiffness_input, update_grad_sq
+from metasampler.samplers import SamplerState
 
 
 def test_running_mean_is_plain_then_exponential():
@@ -126,13 +127,45 @@ def test_preconditioned_sampler_samples_a_target_too_stiff_for_its_step():
         run(0.0)
 
 
+def test_a_frozen_statistic_stops_adapting_after_its_step():
+    # With stiffness_freeze_after = 30, V (and so the preconditioner) keeps its value after
+    # step 30 from then on; until it matters the chains run exactly as the adapting ones.
+    case = one_stiff_two_broad()
+    init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+
+    def run(freeze_after: int | None) -> list[SamplerState]:
+        sampler = constant_curl(
+            eta=0.05,
+            precondition_power=1.0,
+            stiffness_decay=0.8,
+            stiffness_freeze_after=freeze_after,
+        )
+        gen = torch.Generator().manual_seed(1)
+        states = [sampler.init(init, case.target(), gen)]
+        with torch.no_grad():
+            for _ in range(60):
+                states.append(sampler.step(states[-1], case.target(), gen))
+        return states
+
+    frozen, adapting = run(30), run(None)
+    # (step k uses V of steps 1 .. k - 1: the first step that sees the freeze is 32)
+    assert torch.equal(frozen[31].theta, adapting[31].theta)
+    assert not torch.equal(frozen[32].theta, adapting[32].theta)
+    for state in frozen[31:]:
+        assert torch.equal(state.extras["grad_sq"], frozen[30].extras["grad_sq"])
+    assert not torch.equal(adapting[60].extras["grad_sq"], adapting[30].extras["grad_sq"])
+
+
 @pytest.mark.slow
-def test_stationarity_with_a_preconditioned_curl_and_bias_without_gamma():
+@pytest.mark.parametrize("freeze_after", [None, 50])
+def test_stationarity_with_a_preconditioned_curl_and_bias_without_gamma(freeze_after):
     # The momentum-dependent curl times P: Gamma_theta = -P dQ/dp and Gamma_p's curl term
-    # scale with P (a constant of z); without Gamma the chain is biased.
+    # scale with P (a constant of z); without Gamma the chain is biased. Frozen after step 50
+    # (of a 300-step burn-in), P is a constant of the whole run: the same holds.
     fits = moments_with_and_without_gamma(
-        ("exact", "none"), q_momentum_input=True, precondition_power=1.0
-    )
+        ("exact", "none"), q_momentum_input=True, precondition_power=1.0,
+        stiffness_freeze_after=freeze_after,
+    )  # fmt: skip
     errors = {mode: fit.max_var_error for mode, fit in fits.items()}
     assert errors["none"] > 2 * errors["exact"], errors
 
