@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from enum import Enum
@@ -419,7 +420,13 @@ def _checked(f: Field, value: Any) -> Any:
     if check == "bool":
         return bool(value)
     if check == "step_or_none":
-        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+        whole = (
+            isinstance(value, numbers.Real)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value == int(value)
+        )
+        if value is not None and not (whole and value >= 1):
             raise ValueError(f"{name} must be a whole number of steps >= 1 or None, got {value!r}")
         return None if value is None else int(value)
     if check == "positive_or_none":

@@ -60,7 +60,8 @@ def test_the_signature_lists_every_argument():
      ("gamma", "exactly"), ("d_output", "identity"), ("momentum_init", "ones"),
      ("q_hidden", ()), ("activation", "gelu"), ("energy_input", "per_dimension"),
      ("stiffness_freeze_after", 0), ("stiffness_freeze_after", 2.5),
-     ("stiffness_freeze_after", True)],
+     ("stiffness_freeze_after", True), ("stiffness_freeze_after", "x"),
+     ("stiffness_freeze_after", float("nan"))],
 )  # fmt: skip
 def test_invalid_values_are_refused_naming_the_argument(name, bad):
     with pytest.raises(ValueError, match=name):
