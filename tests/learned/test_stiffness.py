@@ -175,13 +175,14 @@ def test_a_saved_stiffness_sampler_loads_and_samples_the_same(tmp_path, power):
     case = stiff_and_broad()
     sampler = strongly_state_dependent(
         "exact", eta=0.02, beta_off=1.0, c=0.3, q_stiffness_input=True, stiffness_decay=0.9,
-        precondition_power=power, precondition_range=2.0,
+        precondition_power=power, precondition_range=2.0, stiffness_freeze_after=20,
     )  # fmt: skip
     path = tmp_path / "stiff.safetensors"
     sampler.save(str(path))
     loaded = ms.load_sampler(path)
     assert loaded.q_stiffness_input and loaded.stiffness_decay == 0.9
     assert loaded.precondition_power == power and loaded.precondition_range == 2.0
+    assert loaded.stiffness_freeze_after == 20
     init = torch.randn(8, 2, generator=torch.Generator().manual_seed(1))
     runs = [
         ms.sample(s, case.target(), 8, 50, init=init, seed=3, progress=False).theta
