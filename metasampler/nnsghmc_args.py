@@ -295,7 +295,8 @@ class NNSGHMCArgs:
         "``V`` keeps adapting, the preconditioner follows where the chains have just been, a "
         "dependence Gamma has no term for; on the MNIST MLP the learned sampler's last layers "
         "then ran hot and fitted the data worse (docs/RESULTS.md, session 45). ``None``: "
-        "``V`` adapts throughout, as pSGLD's does. Set it to the run's burn-in.",
+        "``V`` adapts throughout, as pSGLD's does. Set it to the run's burn-in (not in the SPEC; "
+        "#11).",
         check="step_or_none", since=8,
     )  # fmt: skip
     precondition_power: float = _arg(

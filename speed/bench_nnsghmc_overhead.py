@@ -20,7 +20,8 @@ round's SGHMC block time.
   ``mnist_mlp_floor_positive`` (the same layout with a softplus curl output and the curl's
   speed limit, exact and FD), ``mnist_mlp_positive_preconditioned`` (that file with the
   curl's stiffness preconditioner, exact Gamma only; and with ``grad_noise_estimate``: the
-  gradient noise's variance estimated from the minibatch's halves, as SGHMC's next to it),
+  gradient noise's variance estimated from the minibatch's halves, as SGHMC's next to it;
+  and with its gradient statistic fixed, ``stiffness_freeze_after``),
   and untrained
   nets of 10 and 40 units (``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` is the default)
   with the ``softsign`` activation ``a / (1 + |a|)`` (one division per unit; the default
@@ -122,6 +123,8 @@ def sampling_variants() -> dict:
         built = {key: NNSGHMC(**kwargs) for key, kwargs in nets.items()}
     estimating = load_sampler(PRECONDITIONED)
     estimating.grad_noise_estimate = True
+    frozen = load_sampler(PRECONDITIONED)
+    frozen.stiffness_freeze_after = 1  # the statistic fixed from the second step on
     return {
         "SGHMC": SGHMC(eta=eta, friction=1.0),
         "SGHMC, noise estimate": SGHMC(eta=eta, friction=1.0, grad_noise_estimate=True),
@@ -140,6 +143,7 @@ def sampling_variants() -> dict:
         "mnist_mlp_floor_positive FD": load_sampler(POSITIVE, gamma="finite_difference"),
         "mnist_mlp_positive_preconditioned exact": load_sampler(PRECONDITIONED),
         "mnist_mlp_positive_preconditioned exact, noise estimate": estimating,
+        "mnist_mlp_positive_preconditioned exact, V fixed": frozen,
         "10-unit softsign exact": built[10, "softsign", "exact"],
         "10-unit softsign FD": built[10, "softsign", "finite_difference"],
         "40-unit tanh exact": built[40, "tanh", "exact"],
