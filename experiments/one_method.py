@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from metasampler.benchmark.methods import METHODS
 from metasampler.benchmark.protocol import MethodFactory
 from metasampler.config import ConfigError
 
@@ -61,7 +62,8 @@ def load_one_method(
     torch.set_num_threads(cfg.threads)
     problem = evaluate._build_problem(cfg, torch.device(cfg.device))
     options = OmegaConf.to_container(cfg.methods[method], resolve=True)
-    options.pop("momentum_decay_grid", None)  # (the config's constant friction, not a grid)
+    for option in METHODS[method].tuned_options:  # (the config's constant values, not grids)
+        options.pop(f"{option}_grid", None)
     budget = cfg.budget
     factory = MethodFactory(
         method, options, problem.target.n_data, budget.warmup_steps, budget.warmup_lr_factor,

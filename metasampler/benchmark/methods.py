@@ -38,6 +38,7 @@ from ..schedules import CyclicalCosine
 from ..stepsize import resolve_eta
 
 __all__ = [
+    "FREEZE",
     "FRICTION",
     "METHODS",
     "AdamMethod",
@@ -105,7 +106,10 @@ class NNSGHMCMethod(MethodGrid):
     # The step after which each chain's gradient statistic V (the preconditioner's and the
     # stiffness input's) stops adapting, so that the sampler is time-homogeneous from then on
     # (the sampler's `stiffness_freeze_after`): null keeps the file's value; e.g. the burn-in.
+    # A `stiffness_freeze_after_grid` tunes it with the step instead (as the friction grid;
+    # steps, extended geometrically to whole steps; a step past the run's end is no freeze).
     stiffness_freeze_after: int | None = None
+    stiffness_freeze_after_grid: list[int] = field(default_factory=list)
     # Estimate each coordinate's minibatch gradient-noise variance from the minibatch's two
     # halves and leave its share out of the injected noise (the sampler's
     # `grad_noise_estimate`; the sampler is not told any variance by default).
@@ -232,6 +236,7 @@ class BuildContext:
 
 
 FRICTION = "momentum_decay"  # the friction methods' tuned option
+FREEZE = "stiffness_freeze_after"  # NNSGHMC's other tunable option (a step)
 Builder = Callable[[Mapping[str, Any], Any, BuildContext], Sampler]
 
 
@@ -332,8 +337,9 @@ class MethodSpec:
         stored_step: an empty grid means the step stored in the sampler file.
         warmup_alpha: the paper's test-time ``alpha = alpha_per_step / eta_warmup`` applies
             (:func:`metasampler.benchmark.protocol.set_alpha_from_warmup`).
-        tuned_option: a constant of the method that may be tuned with the step (the friction
-            per step ``momentum_decay``); its grid is the section's ``<tuned_option>_grid``.
+        tuned_options: the constants of the method that may be tuned with the step (the
+            friction per step ``momentum_decay``; NNSGHMC's ``stiffness_freeze_after`` too);
+            a config tunes the one whose ``<option>_grid`` it sets (at most one).
     """
 
     key: str
@@ -345,7 +351,7 @@ class MethodSpec:
     tuned: str = "lr"
     stored_step: bool = False
     warmup_alpha: bool = False
-    tuned_option: str | None = None
+    tuned_options: tuple[str, ...] = ()
 
     @property
     def order(self) -> str:
@@ -361,12 +367,20 @@ class MethodSpec:
         """The grid of the tuned parameter in a config section."""
         return [float(v) for v in section[f"{self.tuned}_grid"]]
 
+    def tuned_option(self, section: Mapping[str, Any]) -> str | None:
+        """The option a config section tunes with the step: the one of :attr:`tuned_options`
+        whose grid it sets, else the first (its fixed value is reported); ``None`` for a
+        method without any. :func:`check_method_section` rejects grids for two."""
+        with_grid = [name for name in self.tuned_options if section.get(f"{name}_grid")]
+        return (with_grid or list(self.tuned_options) or [None])[0]
+
     def option_grid(self, section: Mapping[str, Any]) -> list[float]:
-        """The grid of :attr:`tuned_option` in a config section (empty: the section's fixed
+        """The grid of :meth:`tuned_option` in a config section (empty: the section's fixed
         value, or a method without one)."""
-        if self.tuned_option is None:
+        option = self.tuned_option(section)
+        if option is None:
             return []
-        return [float(v) for v in section.get(f"{self.tuned_option}_grid") or []]
+        return [float(v) for v in section.get(f"{option}_grid") or []]
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -380,7 +394,7 @@ METHODS: dict[str, MethodSpec] = {
             _nnsghmc,
             stored_step=True,
             warmup_alpha=True,
-            tuned_option=FRICTION,
+            tuned_options=(FRICTION, FREEZE),
         ),
         MethodSpec("sgld", "SGLD", SGLDMethod, SGLD, lambda o, lr, c: SGLD(lr=lr)),
         MethodSpec(
@@ -390,8 +404,8 @@ METHODS: dict[str, MethodSpec] = {
             PSGLD,
             lambda o, lr, c: PSGLD(lr=lr, beta=o["beta"], lam=o["lam"]),
         ),
-        MethodSpec("sghmc", "SGHMC", SGHMCMethod, SGHMC, _sghmc, tuned_option=FRICTION),
-        MethodSpec("msgnht", "mSGNHT-S", SGNHTMethod, SGNHT, _msgnht, tuned_option=FRICTION),
+        MethodSpec("sghmc", "SGHMC", SGHMCMethod, SGHMC, _sghmc, tuned_options=(FRICTION,)),
+        MethodSpec("msgnht", "mSGNHT-S", SGNHTMethod, SGNHT, _msgnht, tuned_options=(FRICTION,)),
         MethodSpec(
             "csgld",
             "cSGLD",
@@ -399,7 +413,9 @@ METHODS: dict[str, MethodSpec] = {
             SGLD,
             lambda o, lr, c: cyclical_sgld(lr=lr, **_cycles(o, c)),
         ),
-        MethodSpec("csghmc", "cSGHMC", CyclicalSGHMCMethod, SGHMC, _csghmc, tuned_option=FRICTION),
+        MethodSpec(
+            "csghmc", "cSGHMC", CyclicalSGHMCMethod, SGHMC, _csghmc, tuned_options=(FRICTION,)
+        ),
         MethodSpec(
             "cnnsghmc",
             "cNNSGHMC",
@@ -408,7 +424,7 @@ METHODS: dict[str, MethodSpec] = {
             _cnnsghmc,
             stored_step=True,
             warmup_alpha=True,
-            tuned_option=FRICTION,
+            tuned_options=(FRICTION, FREEZE),
         ),
         MethodSpec(
             "sgdm",
@@ -490,6 +506,34 @@ def _check_steps(key: str, section: Mapping[str, Any]) -> None:
         )
 
 
+def is_step_option(name: str | None) -> bool:
+    """Whether a method option counts steps (its values and grid are whole steps >= 1)."""
+    return name in _STEP_OPTIONS
+
+
+def _check_option_grids(key: str, section: Mapping[str, Any]) -> None:
+    spec = METHODS[key]
+    with_grid = [name for name in spec.tuned_options if section.get(f"{name}_grid")]
+    if len(with_grid) > 1:
+        raise ConfigError(
+            f"methods.{key}: grids for {' and '.join(with_grid)}; tune one option with the "
+            "step at a time (set the other's value)"
+        )
+    option = spec.tuned_option(section)
+    grid = section.get(f"{option}_grid")
+    if not grid:
+        return
+    if is_step_option(option):
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in grid):
+            raise ConfigError(
+                f"methods.{key}.{option}_grid values must be steps >= 1, got {list(grid)!r}"
+            )
+    elif not all(_finite_positive(value) for value in grid):
+        raise ConfigError(
+            f"methods.{key}.{option}_grid values must be finite numbers > 0, got {list(grid)!r}"
+        )
+
+
 def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int) -> None:
     """Range checks of the config section ``methods.<key>``.
 
@@ -509,12 +553,7 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
         raise ConfigError(
             f"methods.{key}.{spec.tuned}_grid values must be finite numbers > 0, got {grid!r}"
         )
-    option_grid = spec.option_grid(section)
-    if not all(_finite_positive(value) for value in option_grid):
-        raise ConfigError(
-            f"methods.{key}.{spec.tuned_option}_grid values must be finite numbers > 0, got "
-            f"{option_grid!r}"
-        )
+    _check_option_grids(key, section)
     for name in _POSITIVE_OPTIONS:
         if section.get(name) is not None and not _finite_positive(section[name]):
             raise ConfigError(

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .methods import FRICTION
+from .methods import FREEZE, FRICTION
 from .results import FINAL_METRICS
 
 #: What a tuning run can be scored by (``tune.metric``) and what the tables call it.
@@ -54,7 +54,7 @@ def _protocol_line(summary: Mapping[str, Any]) -> str:
 def markdown_table(summary: Mapping[str, Any]) -> str:
     """The results table: mean ± standard error over seeds, one row per method; then the
     step-size tuning table."""
-    lines = _results_table(summary) + _tuning_table(summary) + _friction_table(summary)
+    lines = _results_table(summary) + _tuning_table(summary) + _option_table(summary)
     return "\n".join(lines) + "\n"
 
 
@@ -81,7 +81,7 @@ def _results_table(summary: Mapping[str, Any]) -> list[str]:
         if entry.get("error"):
             lines.append(f"| {label} | – | – | {entry['error']} | | | | | | | | | |")
             continue
-        friction = _friction(summary, key)
+        friction = _option(summary, key)
         friction = "–" if friction is None else f"{friction:g}"
         s = entry["summary"]
         lr = "stored" if entry["lr"] is None else f"{entry['lr']:g}"
@@ -144,28 +144,37 @@ def _prior_variance_cell(entry: Mapping[str, Any]) -> str:
     return "diverged" if math.isnan(value) else f"{value:.2f}"
 
 
-def _friction(summary: Mapping[str, Any], key: str) -> float | None:
-    """The friction per step a method ran with (``None`` for a method without one); results
-    written before the friction was tuned keep it in the config only."""
-    value = summary["methods"][key].get(FRICTION)
+def _option(summary: Mapping[str, Any], key: str, option: str = FRICTION) -> float | None:
+    """The value of ``option`` (default: the friction per step) a method ran with: the tuned
+    value, else its config's (``None`` for a method without one, or where the sampler file's
+    was kept)."""
+    value = summary["methods"][key].get(option)
     if value is None:
-        value = (summary.get("config", {}).get("methods", {}).get(key) or {}).get(FRICTION)
+        value = (summary.get("config", {}).get("methods", {}).get(key) or {}).get(option)
     return value
 
 
-def _best_per_friction(entry: Mapping[str, Any]) -> dict[float, float]:
-    """Each tuned friction's lowest validation NLL over its steps (``inf``: all diverged)."""
-    best: dict[float, float] = {}
+def _tuned_option(entry: Mapping[str, Any]) -> str:
+    """The option an entry tuned with its step (results written before the freeze step could
+    be tuned: the friction)."""
+    return entry.get("tuned_option") or FRICTION
+
+
+def _best_per_value(entry: Mapping[str, Any]) -> dict[float, float]:
+    """Each tuned option value's lowest validation NLL over its steps (``inf``: all
+    diverged)."""
+    option, best = _tuned_option(entry), {}
     for row in entry.get("tuning") or []:
         score = row["val_nll"] if row["diverged_at"] is None else math.inf
-        best[row[FRICTION]] = min(best.get(row[FRICTION], math.inf), score)
+        best[row[option]] = min(best.get(row[option], math.inf), score)
     return best
 
 
-def _step_at_edge(entry: Mapping[str, Any], friction: float) -> bool:
-    """Whether the best step at ``friction`` is the smallest or largest step tried there (its
-    score is then only an upper bound of that friction's best)."""
-    rows = [r for r in entry.get("tuning") or [] if r[FRICTION] == friction]
+def _step_at_edge(entry: Mapping[str, Any], value: float) -> bool:
+    """Whether the best step at option value ``value`` is the smallest or largest step tried
+    there (its score is then only an upper bound of that value's best)."""
+    option = _tuned_option(entry)
+    rows = [r for r in entry.get("tuning") or [] if r[option] == value]
     finite = [r for r in rows if r["diverged_at"] is None]
     if len(rows) < 2 or not finite:
         return False
@@ -173,10 +182,10 @@ def _step_at_edge(entry: Mapping[str, Any], friction: float) -> bool:
     return best in (min(r["lr"] for r in rows), max(r["lr"] for r in rows))
 
 
-def _by_friction(entry: Mapping[str, Any], values: list[float]) -> str:
-    """``a → best val NLL`` (or ``diverged``) for ``values``, increasing; ``*`` marks a
-    friction whose best step sat at an end of its step grid."""
-    best = _best_per_friction(entry)
+def _by_value(entry: Mapping[str, Any], values: list[float]) -> str:
+    """``value → best val NLL`` (or ``diverged``) for ``values``, increasing; ``*`` marks a
+    value whose best step sat at an end of its step grid."""
+    best = _best_per_value(entry)
     return ", ".join(
         f"{v:g} → "
         + (f"{best[v]:.4f}" if math.isfinite(best[v]) else "diverged")
@@ -185,44 +194,48 @@ def _by_friction(entry: Mapping[str, Any], values: list[float]) -> str:
     )
 
 
-def _friction_table(summary: Mapping[str, Any]) -> list[str]:
-    """The friction tuning of every method that had one: each friction's best validation NLL
-    over its tuned steps (empty when no method tuned its friction)."""
+def _option_table(summary: Mapping[str, Any]) -> list[str]:
+    """The tuning of every method that tuned an option with its step (the friction per step,
+    or NNSGHMC's freeze step): each value's best validation NLL over its tuned steps (empty
+    when no method did)."""
     lines = [
         "",
-        "## Friction tuning (best validation NLL over the steps tuned at each friction)",
+        "## Options tuned with the step (best validation NLL over the steps tuned at each value)",
         "",
-        "| Method | initial grid: a → best val NLL | extensions: a → best val NLL | chosen a | "
-        "choice |",
-        "|---|---|---|---|---|",
+        "| Method | option | initial grid: value → best val NLL | extensions: value → best val "
+        "NLL | chosen | choice |",
+        "|---|---|---|---|---|---|",
     ]
     tuned = False
     for entry in summary["methods"].values():
-        grid = entry.get(f"{FRICTION}_grid")
+        option = _tuned_option(entry)
+        grid = entry.get(f"{option}_grid")
         if not grid or len(grid) < 2 or entry.get("error"):
             continue
         tuned = True
-        extensions = entry.get(f"{FRICTION}_extensions") or []
-        choice = {True: "interior", False: "grid edge", None: "–"}[
-            entry.get(f"{FRICTION}_interior")
-        ]
+        extensions = entry.get(f"{option}_extensions") or []
+        choice = {True: "interior", False: "grid edge", None: "–"}[entry.get(f"{option}_interior")]
         lines.append(
-            f"| {entry['label']} | {_by_friction(entry, grid)} | "
-            f"{_by_friction(entry, extensions) or '–'} | "
-            f"{entry[FRICTION]:g} | {choice} |"
+            f"| {entry['label']} | {_OPTION_NAMES.get(option, option)} | "
+            f"{_by_value(entry, grid)} | {_by_value(entry, extensions) or '–'} | "
+            f"{entry[option]:g} | {choice} |"
         )
     if not tuned:
         return []
     lines += [
         "",
-        "The step was tuned at every friction (the step-size table shows the chosen friction's "
-        "runs, tuning.csv all of them), each friction after the first starting from the step "
-        "grid moved to centre on the best step of the nearest friction tuned before it; the "
-        "friction whose best step scored lowest was chosen. Extensions as for the step; * marks "
-        "a friction whose best step is still at an end of its step grid (its score is an upper "
-        "bound).",
+        "The step was tuned at every value of the option (the step-size table shows the chosen "
+        "value's runs, tuning.csv all of them), each value after the first starting from the "
+        "step grid moved to centre on the best step of the nearest value tuned before it; the "
+        "value whose best step scored lowest was chosen. Extensions as for the step (whole "
+        "steps for the freeze step); * marks a value whose best step is still at an end of "
+        "its step grid (its score is an upper bound).",
     ]
     return lines
+
+
+#: How the option tables name a tuned option.
+_OPTION_NAMES = {FRICTION: "friction/step a", FREEZE: "V fixed after step"}
 
 
 def _scored(rows: list[dict[str, Any]]) -> str:
@@ -233,12 +246,13 @@ def _scored(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _at_chosen_friction(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The step-tuning rows of an entry at the friction it chose (all rows without one)."""
-    rows = entry.get("tuning") or []
-    if entry.get(FRICTION) is None:
+def _at_chosen_option(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The step-tuning rows of an entry at the option value it chose (all rows without
+    one)."""
+    rows, option = entry.get("tuning") or [], _tuned_option(entry)
+    if entry.get(option) is None:
         return rows
-    return [r for r in rows if r.get(FRICTION, entry[FRICTION]) == entry[FRICTION]]
+    return [r for r in rows if r.get(option, entry[option]) == entry[option]]
 
 
 def _near_tie_note(edge_tolerance: float) -> str:
@@ -262,7 +276,7 @@ def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
     ]
     at_edge = False
     for entry in summary["methods"].values():
-        rows = _at_chosen_friction(entry)
+        rows = _at_chosen_option(entry)
         initial = _scored([r for r in rows if not r.get("extension")])
         extended = _scored([r for r in rows if r.get("extension")])
         lr = "–" if entry.get("lr") is None else f"{entry['lr']:g}"
@@ -333,7 +347,8 @@ def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "method": key,
             "label": entry["label"],
             "lr": entry.get("lr"),
-            FRICTION: _friction(summary, key),
+            FRICTION: _option(summary, key),
+            FREEZE: _option(summary, key, FREEZE),
             "eta": entry.get("eta"),
             "tuning_interior": entry.get("tuning_interior"),
             "warmup_eta": entry.get("warmup_eta"),
@@ -349,7 +364,8 @@ def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 _SUMMARY_FIELDS = (
-    ["method", "label", "lr", FRICTION, "eta", "tuning_interior", "warmup_eta", "alpha", "n_seeds"]
+    ["method", "label", "lr", FRICTION, FREEZE, "eta", "tuning_interior", "warmup_eta", "alpha"]
+    + ["n_seeds"]
     + ["n_diverged"]
     + [f"{m}_{s}" for m in FINAL_METRICS for s in ("mean", "se")]
     + ["error"]
@@ -359,6 +375,7 @@ _SUMMARY_FIELDS = (
 _TUNING_FIELDS = [
     "method",
     FRICTION,
+    FREEZE,
     "lr",
     "eta",
     "val_nll",

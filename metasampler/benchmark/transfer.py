@@ -23,7 +23,7 @@ from ..distributed import is_main_process, world_size
 from ..samplers import Sampler
 from ..schedules import WarmUp
 from ..targets import NonFiniteError
-from .methods import METHODS
+from .methods import METHODS, is_step_option
 from .metrics import frame_targets, is_sequence_model
 from .prior_check import prior_only_variances, sampled_variance
 from .protocol import MethodFactory
@@ -138,6 +138,7 @@ class MethodBenchmark:
         grid = self.spec.grid(self.section)
         self.base_grid: list[float | None] = grid if grid else [None]  # None: the stored step
         self.grid = self.base_grid  # the step grid at the current option value
+        self.option = self.spec.tuned_option(self.section)  # tuned with the step (or None)
         self.option_grid = self.spec.option_grid(self.section)  # empty: the fixed value
         self.entry: dict[str, Any] = {"label": self.spec.label, "is_sampler": self.spec.is_sampler}
         self.tuning_rows: list[dict[str, Any]] = []
@@ -152,8 +153,7 @@ class MethodBenchmark:
     @property
     def option_value(self) -> float | None:
         """The current value of the method's tuned option (``None`` for a method without)."""
-        option = self.spec.tuned_option
-        value = None if option is None else self.make.options.get(option)
+        value = None if self.option is None else self.make.options.get(self.option)
         return None if value is None else float(value)
 
     def run(self) -> bool:
@@ -198,7 +198,7 @@ class MethodBenchmark:
     def _tune_option(self) -> None:
         """Tune the step at every value of the option's grid (extended like the step's) and
         keep the value whose best step scored lowest."""
-        option = self.spec.tuned_option
+        option = self.option
 
         def best_score(value: float) -> float:
             self._use_option(value)
@@ -218,7 +218,11 @@ class MethodBenchmark:
 
         tune = self.setting.cfg.tune
         outer = tune_step_size(
-            best_score, self.option_grid, tune.max_extensions, tune.edge_tolerance
+            best_score,
+            self.option_grid,
+            tune.max_extensions,
+            tune.edge_tolerance,
+            whole=is_step_option(option),
         )
         self._use_option(outer.best)
         self.grid = self.lr_tunings[outer.best].grid
@@ -243,7 +247,10 @@ class MethodBenchmark:
 
     def _use_option(self, value: float) -> None:
         """Build the method with its tuned option at ``value`` from now on."""
-        options = {**self.section, self.spec.tuned_option: value}
+        options = {
+            **self.section,
+            self.option: int(value) if is_step_option(self.option) else value,
+        }
         self.make = dataclasses.replace(self.make, options=options)
 
     def _planned(self, lr: float) -> bool:
@@ -285,7 +292,7 @@ class MethodBenchmark:
         if tune.n_seeds > 1:
             row["val_nll_per_seed"] = nlls
         if self.option_value is not None:  # (None: the method has none, or keeps the file's)
-            row[self.spec.tuned_option] = self.option_value
+            row[self.option] = self.option_value
         row["extension"] = lr not in self.grid
         self.tuning_rows.append(row)
         if diverged:
@@ -314,7 +321,7 @@ class MethodBenchmark:
         n_steps = self.setting.cfg.budget.n_steps
         eta = self.make.eta(chosen, n_steps)
         lr_used = self.make(None, n_steps).lr if chosen is None else chosen  # None: file's step
-        option, value = self.spec.tuned_option, self.option_value
+        option, value = self.option, self.option_value
         for row in self.tuning_rows:
             row["eta"] = self.make.eta(row["lr"], n_steps)
             row["chosen"] = row["lr"] == chosen and row.get(option) == value
@@ -322,6 +329,7 @@ class MethodBenchmark:
         entry.update(lr=lr_used, eta=eta, tuning=self.tuning_rows, error=None)
         if option is not None:
             entry[option] = value
+            entry["tuned_option"] = option
         entry.setdefault("tuning_grid", [v for v in self.grid if v is not None])
         entry.setdefault("tuning_extensions", [])
         entry.setdefault("tuning_interior", None)
@@ -350,7 +358,7 @@ class MethodBenchmark:
 
     def _log_tuning(self, chosen: float | None, lr_used: float, eta: float) -> None:
         rows = self.tuning_rows
-        option = self.spec.tuned_option
+        option = self.option
         if rows:
             scores = ", ".join(_scored_run(r, option) for r in rows)
             where = {True: "interior", False: "grid edge", None: ""}[self.entry["tuning_interior"]]

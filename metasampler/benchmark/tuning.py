@@ -42,7 +42,7 @@ class TuneResult:
 
 
 def _next_beyond_edge(
-    scores: Sequence[tuple[float, float]], edge_tolerance: float = 0.0
+    scores: Sequence[tuple[float, float]], edge_tolerance: float = 0.0, whole: bool = False
 ) -> float | None:
     """The value to try next when the best score sits at an end of the evaluated values.
 
@@ -51,14 +51,19 @@ def _next_beyond_edge(
     With ``edge_tolerance > 0`` also beyond an end whose score is within that fraction of the
     best (a near-tie: one run per value is a noisy score, and a bump next to the best can hide
     a better value beyond it); of two such ends, the one scoring lower. The step beyond an end
-    is the ratio of the two values nearest that end, so a geometric grid stays geometric.
-    ``None`` when nothing is to be extended.
+    is the ratio of the two values nearest that end, so a geometric grid stays geometric;
+    ``whole`` rounds it to a whole number (a grid of steps), at least one beyond the end (0,
+    below a grid at 1, is not a step and ends the extension). ``None`` when nothing is to be
+    extended.
     """
     values = sorted({v for v, _ in scores})
     if len(values) < 2:
         return None
     best_value, best_score = min(scores, key=lambda vs: vs[1])
     below, above = values[0] * values[0] / values[1], values[-1] * values[-1] / values[-2]
+    if whole:
+        below = float(min(round(below), values[0] - 1))
+        above = float(max(round(above), values[-1] + 1))
     if not math.isfinite(best_score) or best_value == values[0]:
         return below
     if best_value == values[-1]:
@@ -77,6 +82,7 @@ def tune_step_size(
     grid: Sequence[float],
     max_extensions: int = 0,
     edge_tolerance: float = 0.0,
+    whole: bool = False,
 ) -> TuneResult:
     """Evaluate ``objective(value)`` (a validation NLL) for each grid value; keep the lowest.
 
@@ -89,7 +95,8 @@ def tune_step_size(
     an end of a short grid says only that the optimum may lie beyond it; the extension finds
     out, so that the choice is interior (``TuneResult.interior``) unless the cap is reached.
     ``edge_tolerance > 0`` extends also past an end that scores within that fraction of the
-    best (a near-tie; see :func:`_next_beyond_edge`), within the same cap.
+    best (a near-tie; see :func:`_next_beyond_edge`), within the same cap. ``whole`` keeps
+    the extensions whole numbers (a grid of steps).
 
     Raises:
         ValueError: empty grid, negative ``max_extensions`` or ``edge_tolerance``.
@@ -120,7 +127,7 @@ def tune_step_size(
         evaluate(value)
     extensions: list[float] = []
     while len(extensions) < max_extensions:
-        value = _next_beyond_edge(scores, edge_tolerance)
+        value = _next_beyond_edge(scores, edge_tolerance, whole)
         if value is None or not (value > 0 and math.isfinite(value)):
             break
         extensions.append(value)

@@ -24,6 +24,7 @@ from metasampler.benchmark import (
     synthetic_classification_problem,
     tune_step_size,
 )
+from metasampler.benchmark.tables import tuning_csv
 from metasampler.config import ConfigError
 from metasampler.files import jsonable
 from metasampler.schedules import CyclicalCosine, WarmUp
@@ -68,6 +69,16 @@ def test_extension_below_the_grid_and_the_cap():
     capped = tune_step_size(objective, [0.1, 0.3], max_extensions=2)
     assert len(capped.extensions) == 2 and capped.interior is False  # the cap is reported
     assert capped.best == pytest.approx(0.1 / 9)
+
+
+def test_a_grid_of_steps_is_extended_by_whole_steps_and_never_to_zero():
+    objective, _ = _bowl(40)
+    result = tune_step_size(objective, [300, 500], max_extensions=10, whole=True)
+    assert result.extensions == [180, 108, 65, 39, 23]  # ratio 5/3 down, rounded
+    assert result.best == 39 and result.interior is True
+    objective, calls = _bowl(0.1)  # the optimum below every step: stops at 1
+    result = tune_step_size(objective, [2, 3], max_extensions=10, whole=True)
+    assert result.extensions == [1] and calls == [2, 3, 1] and result.interior is False
 
 
 def test_a_near_tie_at_an_end_is_extended_past_with_an_edge_tolerance():
@@ -379,7 +390,7 @@ def test_friction_grid_tunes_the_step_at_every_friction_and_runs_the_best_pair(t
     assert rerun.final["average_nll"] == pytest.approx(entry["runs"][0]["final"]["average_nll"])
 
     table = markdown_table(summary)
-    assert "## Friction tuning" in table
+    assert "## Options tuned with the step" in table and "| friction/step a |" in table
     assert f"| SGHMC | {entry['lr']:g} | {entry['momentum_decay']:g} |" in table
 
 
@@ -422,7 +433,7 @@ def test_friction_grid_is_extended_until_the_chosen_friction_is_interior(tmp_pat
     entry = summary["methods"]["sghmc"]
     assert entry["momentum_decay"] == 0.03 and entry["momentum_decay_interior"] is False
     table = markdown_table(summary)
-    assert "| SGHMC | 0.01 → " in table and "grid edge" in table
+    assert "| SGHMC | friction/step a | 0.01 → " in table and "grid edge" in table
 
 
 def test_config_rejects_a_bad_friction_grid():
@@ -561,6 +572,98 @@ def test_the_statistics_freeze_can_be_set_for_a_file(tmp_path):
     for bad in (0, 2.5, "x"):
         with pytest.raises(ConfigError, match="stiffness_freeze_after"):
             load_benchmark_config(None, [f"methods.nnsghmc.stiffness_freeze_after={bad}"])
+
+
+def _freeze_benchmark(tmp_path, sampler_path, *extra: str):
+    cfg = load_benchmark_config(
+        None,
+        [
+            "name=nn_freeze", "seeds=[0]", "progress=false", "tensorboard=false",
+            "synthetic={n_train: 120, n_val: 60, n_test: 60, n_ood: 0, n_features: 4, "
+            "batch_size: 30}",
+            "budget={n_chains: 2, n_steps: 12, burn_in: 4, thin: 2, eval_every: 4}",
+            "tune={n_steps: 12, burn_in: 4, thin: 2, max_extensions: 4}",
+            "methods.nnsghmc.precondition_power=0.5", "methods.nnsghmc.gamma=exact",
+            "methods.nnsghmc.speed_limit=4.0",
+            *(f"methods.{m}.enabled=false" for m in ("sgld", "psgld", "sghmc", "msgnht")),
+            *(f"methods.{m}.enabled=false" for m in ("csgld", "csghmc", "sgdm", "adam")),
+            *extra,
+        ],
+    )  # fmt: skip
+    return _run_synthetic(cfg, sampler_path, tmp_path / "out").summary
+
+
+def test_the_statistics_freeze_step_is_tuned_with_the_step(tmp_path, monkeypatch):
+    """``methods.nnsghmc.stiffness_freeze_after_grid`` tunes the freeze step with the lr as the
+    friction grid is tuned: a validation score whose best freeze step (4) lies above the grid
+    extends it by whole steps to an interior choice, and every seed then runs with it."""
+    from metasampler.benchmark import transfer
+
+    def score(self, lr: float) -> float:
+        freeze = self.option_value
+        value = math.log(freeze / 4) ** 2 + math.log(lr / 0.005) ** 2
+        row = {"lr": lr, "val_nll": value, "diverged_at": None, "stiffness_freeze_after": freeze}
+        self.tuning_rows.append(row)
+        return value
+
+    path = tmp_path / "s.safetensors"
+    sampler = _nnsghmc(c=0.3, friction_units="per_step")
+    with torch.no_grad():  # (small nets: a stable sampler at these steps)
+        for p in sampler.parameters():
+            p.mul_(0.1)
+    sampler.save(str(path))
+    monkeypatch.setattr(transfer.MethodBenchmark, "_objective", score)
+    summary = _freeze_benchmark(
+        tmp_path,
+        path,
+        "methods.nnsghmc.lr_grid=[0.0025, 0.005, 0.01]",
+        "methods.nnsghmc.stiffness_freeze_after_grid=[1, 2]",
+    )
+    entry = summary["methods"]["nnsghmc"]
+    assert entry["tuned_option"] == "stiffness_freeze_after"
+    assert entry["stiffness_freeze_after_extensions"] == [4, 8]
+    assert entry["stiffness_freeze_after"] == 4 and entry["stiffness_freeze_after_interior"]
+    assert entry["lr"] == 0.005 and entry["tuning_interior"] is True
+    assert "| NNSGHMC | V fixed after step | 1 → " in markdown_table(summary)
+    assert "stiffness_freeze_after" in tuning_csv(summary).splitlines()[0]
+
+    # the seed ran with V held after step 4: a sampler built by hand with it repeats the
+    # numbers, one that adapts throughout does not
+    problem = synthetic_classification_problem(
+        n_train=120, n_val=60, n_test=60, n_ood=0, n_features=4, batch_size=30
+    )
+    from metasampler.benchmark.run import EvalSet, run_method
+
+    def rerun(freeze: int | None) -> float:
+        options = {
+            "stiffness_freeze_after": freeze, "precondition_power": 0.5, "gamma": "exact",
+            "speed_limit": 4.0,
+        }  # fmt: skip
+        sampler = build_method(
+            "nnsghmc", options, entry["lr"], n_data=120, n_steps=12, sampler_path=path
+        )
+        return run_method(
+            sampler, problem.target, problem.init,
+            main=EvalSet(problem.data.x_test, problem.data.y_test),
+            n_chains=2, n_steps=12, burn_in=4, thin=2, eval_every=4, seed=0,
+        ).final["average_nll"]  # fmt: skip
+
+    ran = entry["runs"][0]["final"]["average_nll"]
+    assert rerun(4) == pytest.approx(ran, rel=1e-6) and rerun(None) != pytest.approx(ran, rel=1e-6)
+
+
+def test_config_rejects_bad_freeze_grids():
+    for grid in ("[0, 10]", "[2.5, 10]"):
+        with pytest.raises(ConfigError, match="stiffness_freeze_after_grid"):
+            load_benchmark_config(None, [f"methods.nnsghmc.stiffness_freeze_after_grid={grid}"])
+    with pytest.raises(ConfigError, match="one option with the step at a time"):
+        load_benchmark_config(
+            None,
+            [
+                "methods.nnsghmc.stiffness_freeze_after_grid=[10, 20]",
+                "methods.nnsghmc.momentum_decay_grid=[0.01, 0.1]",
+            ],
+        )
 
 
 def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:
