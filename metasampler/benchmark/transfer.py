@@ -152,9 +152,12 @@ class MethodBenchmark:
 
     @property
     def option_value(self) -> float | None:
-        """The current value of the method's tuned option (``None`` for a method without)."""
+        """The current value of the method's tuned option (``None`` for a method without; a
+        whole number for a step)."""
         value = None if self.option is None else self.make.options.get(self.option)
-        return None if value is None else float(value)
+        if value is None:
+            return None
+        return int(value) if is_step_option(self.option) else float(value)
 
     def run(self) -> bool:
         """Tune and run every seed; ``False`` when tuning failed and the method was skipped."""

@@ -623,6 +623,7 @@ def test_the_statistics_freeze_step_is_tuned_with_the_step(tmp_path, monkeypatch
     assert entry["tuned_option"] == "stiffness_freeze_after"
     assert entry["stiffness_freeze_after_extensions"] == [4, 8]
     assert entry["stiffness_freeze_after"] == 4 and entry["stiffness_freeze_after_interior"]
+    assert all(isinstance(r["stiffness_freeze_after"], int) for r in entry["tuning"])
     assert entry["lr"] == 0.005 and entry["tuning_interior"] is True
     assert "| NNSGHMC | V fixed after step | 1 → " in markdown_table(summary)
     assert "stiffness_freeze_after" in tuning_csv(summary).splitlines()[0]
