@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 __all__ = [
+    "is_step",
     "Activation",
     "ARCHITECTURE",
     "CONSTANTS",
@@ -404,6 +405,17 @@ def _json_value(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def is_step(value: Any) -> bool:
+    """Whether ``value`` counts steps: a whole number >= 1 (not a bool, NaN or a string)."""
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value == int(value)
+        and value >= 1
+    )
+
+
 def _checked(f: Field, value: Any) -> Any:
     """``value`` checked against ``f``'s valid values and normalised."""
     name, check = f.name, f.metadata["check"]
@@ -421,13 +433,7 @@ def _checked(f: Field, value: Any) -> Any:
     if check == "bool":
         return bool(value)
     if check == "step_or_none":
-        whole = (
-            isinstance(value, numbers.Real)
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-            and value == int(value)
-        )
-        if value is not None and not (whole and value >= 1):
+        if value is not None and not is_step(value):
             raise ValueError(f"{name} must be a whole number of steps >= 1 or None, got {value!r}")
         return None if value is None else int(value)
     if check == "positive_or_none":

@@ -23,6 +23,7 @@ from typing import Any
 from ..config import ConfigError, GammaMode
 from ..export import load_sampler
 from ..learned import NNSGHMC
+from ..nnsghmc_args import is_step
 from ..samplers import (
     PSGLD,
     SGHMC,
@@ -371,8 +372,11 @@ class MethodSpec:
         """The option a config section tunes with the step: the one of :attr:`tuned_options`
         whose grid it sets, else the first (its fixed value is reported); ``None`` for a
         method without any. :func:`check_method_section` rejects grids for two."""
-        with_grid = [name for name in self.tuned_options if section.get(f"{name}_grid")]
-        return (with_grid or list(self.tuned_options) or [None])[0]
+        return (self.options_with_grid(section) or list(self.tuned_options) or [None])[0]
+
+    def options_with_grid(self, section: Mapping[str, Any]) -> list[str]:
+        """The :attr:`tuned_options` whose ``<option>_grid`` a config section sets."""
+        return [name for name in self.tuned_options if section.get(f"{name}_grid")]
 
     def option_grid(self, section: Mapping[str, Any]) -> list[float]:
         """The grid of :meth:`tuned_option` in a config section (empty: the section's fixed
@@ -497,7 +501,7 @@ _STEP_OPTIONS = ("grad_noise_estimate_from", "stiffness_freeze_after")
 def _check_steps(key: str, section: Mapping[str, Any]) -> None:
     for name in _STEP_OPTIONS:
         step = section.get(name)
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
+        if step is not None and not is_step(step):
             raise ConfigError(f"methods.{key}.{name} must be a step >= 1 or null, got {step!r}")
     if section.get("grad_noise_estimate_from") is not None and section.get("grad_noise_estimate"):
         raise ConfigError(
@@ -513,7 +517,7 @@ def is_step_option(name: str | None) -> bool:
 
 def _check_option_grids(key: str, section: Mapping[str, Any]) -> None:
     spec = METHODS[key]
-    with_grid = [name for name in spec.tuned_options if section.get(f"{name}_grid")]
+    with_grid = spec.options_with_grid(section)
     if len(with_grid) > 1:
         raise ConfigError(
             f"methods.{key}: grids for {' and '.join(with_grid)}; tune one option with the "
@@ -524,7 +528,7 @@ def _check_option_grids(key: str, section: Mapping[str, Any]) -> None:
     if not grid:
         return
     if is_step_option(option):
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in grid):
+        if not all(is_step(v) for v in grid):
             raise ConfigError(
                 f"methods.{key}.{option}_grid values must be steps >= 1, got {list(grid)!r}"
             )
