@@ -16,7 +16,9 @@ friction and the pair with the lowest validation NLL kept, the friction grid ext
 way; for NNSGHMC and cNNSGHMC the same option sets the constant friction per step under the
 learned one (the file's ``c``; unset, the file's value is kept), and a
 ``stiffness_freeze_after_grid`` tunes instead the step after which the learned sampler's
-gradient statistic is held (one option per method at a time). Then every seed runs with the
+gradient statistic is held; with grids for both, ``tune_options_in_order`` lists them in the
+order they are tuned, each with the step and with the ones before it fixed at their choices.
+Then every seed runs with the
 chosen values. The protocol of
 the paper's MNIST code is available for every method alike: a warm-up phase
 (``budget.warmup_steps`` at ``budget.warmup_lr_factor`` x the chosen rate) and, for NNSGHMC,

@@ -111,6 +111,11 @@ class NNSGHMCMethod(MethodGrid):
     # steps, extended geometrically to whole steps; a step past the run's end is no freeze).
     stiffness_freeze_after: int | None = None
     stiffness_freeze_after_grid: list[int] = field(default_factory=list)
+    # With grids for both options above: the order in which they are tuned, each with the
+    # step and after the ones before it are fixed at their chosen values (e.g.
+    # [stiffness_freeze_after, momentum_decay]); each stage's step grid starts centred on the
+    # previous stage's chosen step.
+    tune_options_in_order: list[str] = field(default_factory=list)
     # Estimate each coordinate's minibatch gradient-noise variance from the minibatch's two
     # halves and leave its share out of the injected noise (the sampler's
     # `grad_noise_estimate`; the sampler is not told any variance by default).
@@ -340,7 +345,8 @@ class MethodSpec:
             (:func:`metasampler.benchmark.protocol.set_alpha_from_warmup`).
         tuned_options: the constants of the method that may be tuned with the step (the
             friction per step ``momentum_decay``; NNSGHMC's ``stiffness_freeze_after`` too);
-            a config tunes the one whose ``<option>_grid`` it sets (at most one).
+            a config tunes those whose ``<option>_grid`` it sets (several one after the
+            other, :meth:`tuning_stages`).
     """
 
     key: str
@@ -369,19 +375,33 @@ class MethodSpec:
         return [float(v) for v in section[f"{self.tuned}_grid"]]
 
     def tuned_option(self, section: Mapping[str, Any]) -> str | None:
-        """The option a config section tunes with the step: the one of :attr:`tuned_options`
-        whose grid it sets, else the first (its fixed value is reported); ``None`` for a
-        method without any. :func:`check_method_section` rejects grids for two."""
-        return (self.options_with_grid(section) or list(self.tuned_options) or [None])[0]
+        """The first option a config section tunes with the step (see :meth:`tuning_stages`),
+        else the first of :attr:`tuned_options` (its fixed value is reported); ``None`` for a
+        method without any."""
+        return (self.tuning_stages(section) or list(self.tuned_options) or [None])[0]
 
     def options_with_grid(self, section: Mapping[str, Any]) -> list[str]:
         """The :attr:`tuned_options` whose ``<option>_grid`` a config section sets."""
         return [name for name in self.tuned_options if section.get(f"{name}_grid")]
 
-    def option_grid(self, section: Mapping[str, Any]) -> list[float]:
-        """The grid of :meth:`tuned_option` in a config section (empty: the section's fixed
-        value, or a method without one)."""
-        option = self.tuned_option(section)
+    def tuning_stages(self, section: Mapping[str, Any]) -> list[str]:
+        """The options a config section tunes with the step, in the order they are tuned:
+        the one with a grid, or with grids for several, the order of the section's
+        ``tune_options_in_order`` (:func:`check_method_section` requires it to name them
+        all)."""
+        with_grid = self.options_with_grid(section)
+        if len(with_grid) < 2:
+            return with_grid
+        return [name for name in section.get("tune_options_in_order") or [] if name in with_grid]
+
+    def stage_grid_sizes(self, section: Mapping[str, Any]) -> list[int]:
+        """The size of each :meth:`tuning_stages` option's grid, in order."""
+        return [len(self.option_grid(section, option)) for option in self.tuning_stages(section)]
+
+    def option_grid(self, section: Mapping[str, Any], option: str | None = None) -> list[float]:
+        """The grid of ``option`` (default: :meth:`tuned_option`) in a config section (empty:
+        the section's fixed value, or a method without one)."""
+        option = option or self.tuned_option(section)
         if option is None:
             return []
         return [float(v) for v in section.get(f"{option}_grid") or []]
@@ -518,15 +538,24 @@ def is_step_option(name: str | None) -> bool:
 def _check_option_grids(key: str, section: Mapping[str, Any]) -> None:
     spec = METHODS[key]
     with_grid = spec.options_with_grid(section)
-    if len(with_grid) > 1:
+    order = list(section.get("tune_options_in_order") or [])
+    unknown = [name for name in order if name not in spec.tuned_options]
+    if unknown or len(set(order)) < len(order):
         raise ConfigError(
-            f"methods.{key}: grids for {' and '.join(with_grid)}; tune one option with the "
-            "step at a time (set the other's value)"
+            f"methods.{key}.tune_options_in_order must list distinct options of "
+            f"{list(spec.tuned_options)}, got {order!r}"
         )
-    option = spec.tuned_option(section)
-    grid = section.get(f"{option}_grid")
-    if not grid:
-        return
+    if len(with_grid) > 1 and not set(with_grid) <= set(order):
+        raise ConfigError(
+            f"methods.{key}: grids for {' and '.join(with_grid)}; set "
+            f"methods.{key}.tune_options_in_order to the order in which to tune them (each "
+            "with the step, after the ones before it are fixed)"
+        )
+    for option in with_grid:
+        _check_option_grid(key, option, section[f"{option}_grid"])
+
+
+def _check_option_grid(key: str, option: str, grid: Any) -> None:
     if is_step_option(option):
         if not all(is_step(v) for v in grid):
             raise ConfigError(

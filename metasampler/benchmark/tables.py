@@ -154,27 +154,31 @@ def _option(summary: Mapping[str, Any], key: str, option: str = FRICTION) -> flo
     return value
 
 
-def _tuned_option(entry: Mapping[str, Any]) -> str:
-    """The option an entry tuned with its step (results written before the freeze step could
-    be tuned: the friction)."""
-    return entry.get("tuned_option") or FRICTION
+def _tuned_options(entry: Mapping[str, Any]) -> list[str]:
+    """The options an entry tuned with its step, in order (results written before the freeze
+    step could be tuned: the friction)."""
+    return entry.get("tuned_options") or [entry.get("tuned_option") or FRICTION]
 
 
-def _best_per_value(entry: Mapping[str, Any]) -> dict[float, float]:
-    """Each tuned option value's lowest validation NLL over its steps (``inf``: all
+def _stage_rows(entry: Mapping[str, Any], option: str) -> list[dict[str, Any]]:
+    """The tuning rows of the stage that tuned ``option`` (every row of a one-stage entry)."""
+    return [r for r in entry.get("tuning") or [] if r.get("stage", option) == option]
+
+
+def _best_per_value(entry: Mapping[str, Any], option: str) -> dict[float, float]:
+    """Each value of ``option``'s lowest validation NLL over its steps (``inf``: all
     diverged)."""
-    option, best = _tuned_option(entry), {}
-    for row in entry.get("tuning") or []:
+    best: dict[float, float] = {}
+    for row in _stage_rows(entry, option):
         score = row["val_nll"] if row["diverged_at"] is None else math.inf
         best[row[option]] = min(best.get(row[option], math.inf), score)
     return best
 
 
-def _step_at_edge(entry: Mapping[str, Any], value: float) -> bool:
-    """Whether the best step at option value ``value`` is the smallest or largest step tried
-    there (its score is then only an upper bound of that value's best)."""
-    option = _tuned_option(entry)
-    rows = [r for r in entry.get("tuning") or [] if r[option] == value]
+def _step_at_edge(entry: Mapping[str, Any], option: str, value: float) -> bool:
+    """Whether the best step at ``option`` value ``value`` is the smallest or largest step
+    tried there (its score is then only an upper bound of that value's best)."""
+    rows = [r for r in _stage_rows(entry, option) if r[option] == value]
     finite = [r for r in rows if r["diverged_at"] is None]
     if len(rows) < 2 or not finite:
         return False
@@ -182,14 +186,14 @@ def _step_at_edge(entry: Mapping[str, Any], value: float) -> bool:
     return best in (min(r["lr"] for r in rows), max(r["lr"] for r in rows))
 
 
-def _by_value(entry: Mapping[str, Any], values: list[float]) -> str:
-    """``value → best val NLL`` (or ``diverged``) for ``values``, increasing; ``*`` marks a
-    value whose best step sat at an end of its step grid."""
-    best = _best_per_value(entry)
+def _by_value(entry: Mapping[str, Any], option: str, values: list[float]) -> str:
+    """``value → best val NLL`` (or ``diverged``) for ``option``'s ``values``, increasing;
+    ``*`` marks a value whose best step sat at an end of its step grid."""
+    best = _best_per_value(entry, option)
     return ", ".join(
         f"{v:g} → "
         + (f"{best[v]:.4f}" if math.isfinite(best[v]) else "diverged")
-        + ("*" if _step_at_edge(entry, v) else "")
+        + ("*" if _step_at_edge(entry, option, v) else "")
         for v in sorted(values)
     )
 
@@ -208,18 +212,20 @@ def _option_table(summary: Mapping[str, Any]) -> list[str]:
     ]
     tuned = False
     for entry in summary["methods"].values():
-        option = _tuned_option(entry)
-        grid = entry.get(f"{option}_grid")
-        if not grid or len(grid) < 2 or entry.get("error"):
-            continue
-        tuned = True
-        extensions = entry.get(f"{option}_extensions") or []
-        choice = {True: "interior", False: "grid edge", None: "–"}[entry.get(f"{option}_interior")]
-        lines.append(
-            f"| {entry['label']} | {_OPTION_NAMES.get(option, option)} | "
-            f"{_by_value(entry, grid)} | {_by_value(entry, extensions) or '–'} | "
-            f"{entry[option]:g} | {choice} |"
-        )
+        for option in _tuned_options(entry):
+            grid = entry.get(f"{option}_grid")
+            if not grid or len(grid) < 2 or entry.get("error"):
+                continue
+            tuned = True
+            extensions = entry.get(f"{option}_extensions") or []
+            choice = {True: "interior", False: "grid edge", None: "–"}[
+                entry.get(f"{option}_interior")
+            ]
+            lines.append(
+                f"| {entry['label']} | {_OPTION_NAMES.get(option, option)} | "
+                f"{_by_value(entry, option, grid)} | "
+                f"{_by_value(entry, option, extensions) or '–'} | {entry[option]:g} | {choice} |"
+            )
     if not tuned:
         return []
     lines += [
@@ -229,7 +235,9 @@ def _option_table(summary: Mapping[str, Any]) -> list[str]:
         "step grid moved to centre on the best step of the nearest value tuned before it; the "
         "value whose best step scored lowest was chosen. Extensions as for the step (whole "
         "steps for the freeze step); * marks a value whose best step is still at an end of "
-        "its step grid (its score is an upper bound).",
+        "its step grid (its score is an upper bound). Several options are tuned one after "
+        "the other, in the order listed, each with the ones before it fixed at their chosen "
+        "values and its step grid centred on the step chosen so far.",
     ]
     return lines
 
@@ -247,12 +255,11 @@ def _scored(rows: list[dict[str, Any]]) -> str:
 
 
 def _at_chosen_option(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The step-tuning rows of an entry at the option value it chose (all rows without
-    one)."""
-    rows, option = entry.get("tuning") or [], _tuned_option(entry)
-    if entry.get(option) is None:
-        return rows
-    return [r for r in rows if r.get(option, entry[option]) == entry[option]]
+    """The step-tuning rows of an entry at the option values it chose (all rows without
+    any); with several tuned options, of the last one's stage."""
+    options = [o for o in _tuned_options(entry) if entry.get(o) is not None]
+    rows = _stage_rows(entry, options[-1]) if options else entry.get("tuning") or []
+    return [r for r in rows if all(r.get(o, entry[o]) == entry[o] for o in options)]
 
 
 def _near_tie_note(edge_tolerance: float) -> str:

@@ -117,10 +117,10 @@ class _Setting:
 
 
 class MethodBenchmark:
-    """One method of a benchmark: step-size tuning on the validation split (with the method's
-    friction where its section has a ``momentum_decay_grid``), then every seed with the chosen
-    value. :meth:`run` fills :attr:`entry` (the method's part of ``results.json``) and
-    :attr:`runs`."""
+    """One method of a benchmark: step-size tuning on the validation split (with each option
+    whose grid its section sets, e.g. the friction's ``momentum_decay_grid``, one option after
+    the other), then every seed with the chosen values. :meth:`run` fills :attr:`entry` (the
+    method's part of ``results.json``) and :attr:`runs`."""
 
     def __init__(self, key: str, setting: _Setting) -> None:
         cfg = setting.cfg
@@ -138,7 +138,8 @@ class MethodBenchmark:
         grid = self.spec.grid(self.section)
         self.base_grid: list[float | None] = grid if grid else [None]  # None: the stored step
         self.grid = self.base_grid  # the step grid at the current option value
-        self.option = self.spec.tuned_option(self.section)  # tuned with the step (or None)
+        self.stages = self.spec.tuning_stages(self.section)  # options tuned with it, in order
+        self.option = self.spec.tuned_option(self.section)  # the stage's option (or None)
         self.option_grid = self.spec.option_grid(self.section)  # empty: the fixed value
         self.entry: dict[str, Any] = {"label": self.spec.label, "is_sampler": self.spec.is_sampler}
         self.tuning_rows: list[dict[str, Any]] = []
@@ -148,16 +149,30 @@ class MethodBenchmark:
     @property
     def tuned(self) -> bool:
         """Whether anything is tuned (tuning on and more than one value in a grid)."""
-        return self.setting.cfg.tune.enabled and max(len(self.base_grid), len(self.option_grid)) > 1
+        sizes = self.spec.stage_grid_sizes(self.section)
+        return self.setting.cfg.tune.enabled and max(len(self.base_grid), *sizes, 0) > 1
 
     @property
     def option_value(self) -> float | None:
-        """The current value of the method's tuned option (``None`` for a method without; a
+        """The current value of the current stage's option (``None`` for a method without; a
         whole number for a step)."""
-        value = None if self.option is None else self.make.options.get(self.option)
+        return self._value_of(self.option)
+
+    def _value_of(self, option: str | None) -> float | None:
+        value = None if option is None else self.make.options.get(option)
         if value is None:
             return None
-        return int(value) if is_step_option(self.option) else float(value)
+        return int(value) if is_step_option(option) else float(value)
+
+    @property
+    def reported_options(self) -> list[str]:
+        """The options tuned with the step, in order, or the one whose fixed value is
+        reported (empty for a method without any)."""
+        return self.stages or ([self.option] if self.option else [])
+
+    def option_values(self) -> dict[str, float | None]:
+        """The current value of every option in :attr:`reported_options`."""
+        return {option: self._value_of(option) for option in self.reported_options}
 
     def run(self) -> bool:
         """Tune and run every seed; ``False`` when tuning failed and the method was skipped."""
@@ -169,8 +184,8 @@ class MethodBenchmark:
                 return False
         else:  # the first value of each grid, as for the step
             chosen = self.base_grid[0]
-            if self.option_grid:
-                self._use_option(self.option_grid[0])
+            for option in self.stages:
+                self._use_option(self.spec.option_grid(self.section, option)[0], option)
         self._record_choice(chosen)
         per_seed = [self._run_seed(chosen, int(seed)) for seed in self.setting.cfg.seeds]
         self.entry["runs"] = per_seed
@@ -181,10 +196,15 @@ class MethodBenchmark:
     def _tune(self) -> float:
         """The chosen step (and, with an option grid, the option value left in :attr:`make`)."""
         self.setting.progress.describe(f"tune {self.spec.label}")
-        if len(self.option_grid) > 1:
-            self._tune_option()
-        else:
-            self.lr_tunings[self.option_value] = self._tune_step()
+        for i, option in enumerate(self.stages or [self.option]):
+            if i:  # the next option's stage, from the step chosen so far
+                self._begin_stage(option, self.lr_tunings[self.option_value].best)
+            if len(self.option_grid) > 1:
+                self._tune_option()
+            else:  # no grid, or a grid of one value: the step alone
+                if self.option_grid:
+                    self._use_option(self.option_grid[0])
+                self.lr_tunings[self.option_value] = self._tune_step()
         tuned = self.lr_tunings[self.option_value]
         self.entry.update(
             tuning_grid=tuned.grid,
@@ -237,23 +257,35 @@ class MethodBenchmark:
             }
         )
 
+    def _begin_stage(self, option: str, chosen_step: float) -> None:
+        """Tune ``option`` next, the options before it fixed at their chosen values, from a
+        step grid centred on the step chosen so far."""
+        self.base_grid = self.grid = self._grid_centred_on(chosen_step)
+        self.option, self.option_grid = option, self.spec.option_grid(self.section, option)
+        self.lr_tunings = {}
+
     def _step_grid_near(self, value: float) -> list[float | None]:
         """The step grid at option value ``value``: the configured grid, moved geometrically so
         that its middle value is the best step of the nearest value tuned so far (the best step
         moves with the friction; a grid that stayed put would spend its extensions catching
         up)."""
-        if len(self.base_grid) < 2 or not self.lr_tunings:
+        if not self.lr_tunings:
             return self.base_grid
         nearest = min(self.lr_tunings, key=lambda v: abs(math.log(v / value)))
-        scale = self.lr_tunings[nearest].best / sorted(self.base_grid)[len(self.base_grid) // 2]
+        return self._grid_centred_on(self.lr_tunings[nearest].best)
+
+    def _grid_centred_on(self, step: float) -> list[float | None]:
+        """:attr:`base_grid` moved geometrically so that its middle value is ``step``."""
+        if len(self.base_grid) < 2:
+            return self.base_grid
+        scale = step / sorted(self.base_grid)[len(self.base_grid) // 2]
         return [float(f"{lr * scale:.6g}") for lr in self.base_grid]
 
-    def _use_option(self, value: float) -> None:
-        """Build the method with its tuned option at ``value`` from now on."""
-        options = {
-            **self.section,
-            self.option: int(value) if is_step_option(self.option) else value,
-        }
+    def _use_option(self, value: float, option: str | None = None) -> None:
+        """Build the method with ``option`` (default: the current stage's) at ``value`` from
+        now on."""
+        option = option or self.option
+        options = {**self.make.options, option: int(value) if is_step_option(option) else value}
         self.make = dataclasses.replace(self.make, options=options)
 
     def _planned(self, lr: float) -> bool:
@@ -294,8 +326,11 @@ class MethodBenchmark:
         }
         if tune.n_seeds > 1:
             row["val_nll_per_seed"] = nlls
-        if self.option_value is not None:  # (None: the method has none, or keeps the file's)
-            row[self.option] = self.option_value
+        for option, value in self.option_values().items():
+            if value is not None:  # (None: the file's value is kept)
+                row[option] = value
+        if len(self.stages) > 1:
+            row["stage"] = self.option  # the option whose stage the run belongs to
         row["extension"] = lr not in self.grid
         self.tuning_rows.append(row)
         if diverged:
@@ -324,15 +359,17 @@ class MethodBenchmark:
         n_steps = self.setting.cfg.budget.n_steps
         eta = self.make.eta(chosen, n_steps)
         lr_used = self.make(None, n_steps).lr if chosen is None else chosen  # None: file's step
-        option, value = self.option, self.option_value
+        values = self.option_values()
         for row in self.tuning_rows:
             row["eta"] = self.make.eta(row["lr"], n_steps)
-            row["chosen"] = row["lr"] == chosen and row.get(option) == value
+            row["chosen"] = row["lr"] == chosen and all(row.get(o) == v for o, v in values.items())
         entry = self.entry
         entry.update(lr=lr_used, eta=eta, tuning=self.tuning_rows, error=None)
-        if option is not None:
-            entry[option] = value
-            entry["tuned_option"] = option
+        entry.update(values)
+        if self.option is not None:
+            entry["tuned_option"] = self.option
+        if len(self.stages) > 1:
+            entry["tuned_options"] = self.stages
         entry.setdefault("tuning_grid", [v for v in self.grid if v is not None])
         entry.setdefault("tuning_extensions", [])
         entry.setdefault("tuning_interior", None)
@@ -360,17 +397,14 @@ class MethodBenchmark:
         return sampled_variance(rows, budget.burn_in, budget.n_steps)
 
     def _log_tuning(self, chosen: float | None, lr_used: float, eta: float) -> None:
-        rows = self.tuning_rows
-        option = self.option
+        rows, values = self.tuning_rows, self.option_values()
         if rows:
-            scores = ", ".join(_scored_run(r, option) for r in rows)
-            where = {True: "interior", False: "grid edge", None: ""}[self.entry["tuning_interior"]]
-            choice = f"lr={chosen:g} ({where})"
-            if option is not None and len(self.option_grid) > 1:
-                edge = {True: "interior", False: "grid edge", None: ""}[
-                    self.entry[f"{option}_interior"]
-                ]
-                choice += f", {option}={self.option_value:g} ({edge})"
+            scores = ", ".join(_scored_run(r, list(values)) for r in rows)
+            choice = f"lr={chosen:g} ({_WHERE[self.entry['tuning_interior']]})"
+            for option in self.stages:
+                if len(self.spec.option_grid(self.section, option)) > 1:
+                    where = _WHERE[self.entry[f"{option}_interior"]]
+                    choice += f", {option}={values[option]:g} ({where})"
             self.setting.log(f"{self.spec.label}: tuning (val NLL) {scores} -> {choice}")
         writer = self.setting.writer(self.spec.key, "tune")
         if writer is not None:
@@ -378,11 +412,13 @@ class MethodBenchmark:
                 nll = row["val_nll"]
                 writer.add_scalar("tune/val_nll", nll if math.isfinite(nll) else math.inf, i)
                 writer.add_scalar("tune/lr", row["lr"], i)
-                if row.get(option) is not None:
-                    writer.add_scalar(f"tune/{option}", row[option], i)
+                for option in values:
+                    if row.get(option) is not None:
+                        writer.add_scalar(f"tune/{option}", row[option], i)
             chosen_text = f"lr={lr_used}, eta={eta:.6g}"
-            if self.option_value is not None:
-                chosen_text += f", {option}={self.option_value:g}"
+            for option, value in values.items():
+                if value is not None:
+                    chosen_text += f", {option}={value:g}"
             writer.add_text("tune/chosen", chosen_text)
             writer.close()
 
@@ -422,11 +458,14 @@ class MethodBenchmark:
         }
 
 
-def _scored_run(row: dict[str, Any], option: str | None) -> str:
-    """``lr: val NLL`` of a tuning row, with the option's value where the method has one."""
-    text = f"{row['lr']:g}: {row['val_nll']:.4f}"
-    value = None if option is None else row.get(option)
-    return text if value is None else f"{option}={value:g} {text}"
+#: How the log names an interior or edge choice.
+_WHERE = {True: "interior", False: "grid edge", None: ""}
+
+
+def _scored_run(row: dict[str, Any], options: list[str]) -> str:
+    """``lr: val NLL`` of a tuning row, after the options' values where the row has them."""
+    values = [f"{o}={row[o]:g}" for o in options if row.get(o) is not None]
+    return " ".join([*values, f"{row['lr']:g}: {row['val_nll']:.4f}"])
 
 
 def _eval_sets(cfg: Any, data: Any, device: torch.device) -> tuple[EvalSet, dict, EvalSet]:
@@ -453,8 +492,9 @@ def _enabled(cfg: Any) -> list[str]:
 def _method_steps(cfg: Any, key: str) -> int:
     """Steps of one method on the progress bar: its tuning runs (if tuned), then every seed."""
     spec, section = METHODS[key], cfg.methods[key]
-    n, m = len(spec.grid(section)), len(spec.option_grid(section))
-    n_tune_runs = n * max(1, m) if cfg.tune.enabled and max(n, m) > 1 else 0
+    n, sizes = len(spec.grid(section)), spec.stage_grid_sizes(section) or [0]
+    tuned = cfg.tune.enabled and max(n, *sizes) > 1
+    n_tune_runs = sum(n * max(1, m) for m in sizes) if tuned else 0  # (each stage's grids)
     return n_tune_runs * cfg.tune.n_steps * cfg.tune.n_seeds + len(cfg.seeds) * cfg.budget.n_steps
 
 

@@ -466,6 +466,17 @@ def test_a_friction_grid_with_one_step_tunes_the_friction_alone(tmp_path):
     assert entry["momentum_decay"] == min(finite, key=lambda r: r["val_nll"])["momentum_decay"]
 
 
+def test_a_friction_grid_of_one_value_is_used_while_the_step_is_tuned(tmp_path):
+    summary = _friction_benchmark(
+        tmp_path,
+        "methods.sghmc.lr_grid=[0.02, 0.04, 0.08]",
+        "methods.sghmc.momentum_decay_grid=[0.05]",
+    )
+    entry = summary["methods"]["sghmc"]
+    assert entry["momentum_decay"] == 0.05
+    assert {r["momentum_decay"] for r in entry["tuning"]} == {0.05}
+
+
 def test_the_learned_samplers_constant_friction_is_tuned_like_the_others(tmp_path):
     """``methods.nnsghmc.momentum_decay`` replaces the file's constant friction ``c`` by a
     friction per step ``a`` (``c = a`` for per-step constants, ``a / eta`` for absolute ones;
@@ -657,14 +668,90 @@ def test_config_rejects_bad_freeze_grids():
     for grid in ("[0, 10]", "[2.5, 10]"):
         with pytest.raises(ConfigError, match="stiffness_freeze_after_grid"):
             load_benchmark_config(None, [f"methods.nnsghmc.stiffness_freeze_after_grid={grid}"])
-    with pytest.raises(ConfigError, match="one option with the step at a time"):
+    two_grids = [
+        "methods.nnsghmc.stiffness_freeze_after_grid=[10, 20]",
+        "methods.nnsghmc.momentum_decay_grid=[0.01, 0.1]",
+    ]
+    with pytest.raises(ConfigError, match="set methods.nnsghmc.tune_options_in_order"):
+        load_benchmark_config(None, two_grids)
+    for order in ("[momentum_decay]", "[lr, momentum_decay]", "[momentum_decay, momentum_decay]"):
+        with pytest.raises(ConfigError, match="tune_options_in_order"):
+            load_benchmark_config(
+                None, [*two_grids, f"methods.nnsghmc.tune_options_in_order={order}"]
+            )
+    with pytest.raises(ConfigError, match="tune_options_in_order"):  # (SGHMC has one option)
         load_benchmark_config(
-            None,
-            [
-                "methods.nnsghmc.stiffness_freeze_after_grid=[10, 20]",
-                "methods.nnsghmc.momentum_decay_grid=[0.01, 0.1]",
-            ],
+            None, ["methods.sghmc.tune_options_in_order=[stiffness_freeze_after]"]
         )
+
+
+def test_two_options_are_tuned_one_after_the_other(tmp_path, monkeypatch):
+    """With grids for the freeze step and the friction and ``tune_options_in_order`` naming
+    them, the freeze step is tuned with the lr at the file's friction, then the friction with
+    the lr at the chosen freeze step from a step grid centred on the step chosen so far, and
+    every seed runs with both choices."""
+    from metasampler.benchmark import transfer
+
+    def score(self, lr: float) -> float:
+        freeze, a = self._value_of("stiffness_freeze_after"), self._value_of("momentum_decay")
+        a = 0.3 if a is None else a  # (the file's friction in the first stage)
+        value = math.log(freeze / 4) ** 2 + math.log(a / 0.03) ** 2 + math.log(lr / a) ** 2
+        row = {"lr": lr, "val_nll": value, "diverged_at": None, "stage": self.option}
+        row.update({k: v for k, v in self.option_values().items() if v is not None})
+        self.tuning_rows.append(row)
+        return value
+
+    path = tmp_path / "s.safetensors"
+    sampler = _nnsghmc(c=0.3, friction_units="per_step")
+    with torch.no_grad():  # (small nets: a stable sampler at these steps)
+        for p in sampler.parameters():
+            p.mul_(0.1)
+    sampler.save(str(path))
+    monkeypatch.setattr(transfer.MethodBenchmark, "_objective", score)
+    order = ["stiffness_freeze_after", "momentum_decay"]
+    summary = _freeze_benchmark(
+        tmp_path,
+        path,
+        "methods.nnsghmc.lr_grid=[0.15, 0.3, 0.6]",
+        "methods.nnsghmc.stiffness_freeze_after_grid=[2, 4, 8]",
+        "methods.nnsghmc.momentum_decay_grid=[0.01, 0.03, 0.1]",
+        f"methods.nnsghmc.tune_options_in_order=[{', '.join(order)}]",
+    )
+    entry = summary["methods"]["nnsghmc"]
+    assert entry["tuned_options"] == order
+    first = [r for r in entry["tuning"] if r["stage"] == order[0]]
+    second = [r for r in entry["tuning"] if r["stage"] == order[1]]
+    assert first[0]["lr"] == 0.15 and all("momentum_decay" not in r for r in first)
+    assert {r["stiffness_freeze_after"] for r in first} == {2, 4, 8}
+    assert {r["stiffness_freeze_after"] for r in second} == {4}  # fixed at its choice
+    assert [r["lr"] for r in second[:3]] == [0.15, 0.3, 0.6]  # centred on stage one's 0.3
+    assert (entry["stiffness_freeze_after"], entry["momentum_decay"]) == (4, 0.03)
+    assert entry["lr"] == pytest.approx(0.0375)  # 0.3 halved three times: 0.03's best step
+    assert entry["momentum_decay_interior"] and entry["stiffness_freeze_after_interior"]
+    assert [r["chosen"] for r in entry["tuning"]].count(True) == 1
+    table = markdown_table(summary)
+    assert "| NNSGHMC | V fixed after step | 2 → " in table
+    assert "| NNSGHMC | friction/step a | 0.01 → " in table
+
+    problem = synthetic_classification_problem(
+        n_train=120, n_val=60, n_test=60, n_ood=0, n_features=4, batch_size=30
+    )
+    from metasampler.benchmark.run import EvalSet, run_method
+
+    def rerun(**chosen) -> float:
+        options = {"precondition_power": 0.5, "gamma": "exact", "speed_limit": 4.0, **chosen}
+        sampler = build_method(
+            "nnsghmc", options, entry["lr"], n_data=120, n_steps=12, sampler_path=path
+        )
+        return run_method(
+            sampler, problem.target, problem.init,
+            main=EvalSet(problem.data.x_test, problem.data.y_test),
+            n_chains=2, n_steps=12, burn_in=4, thin=2, eval_every=4, seed=0,
+        ).final["average_nll"]  # fmt: skip
+
+    ran = entry["runs"][0]["final"]["average_nll"]
+    assert rerun(stiffness_freeze_after=4, momentum_decay=0.03) == pytest.approx(ran, rel=1e-6)
+    assert rerun(stiffness_freeze_after=4) != pytest.approx(ran, rel=1e-6)
 
 
 def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:
