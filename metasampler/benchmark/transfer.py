@@ -194,7 +194,8 @@ class MethodBenchmark:
 
     # -- tuning ------------------------------------------------------------------------------
     def _tune(self) -> float:
-        """The chosen step (and, with an option grid, the option value left in :attr:`make`)."""
+        """The chosen step (and, with option grids, the options' chosen values left in
+        :attr:`make`): the step alone, or one stage per option of :attr:`stages`."""
         self.setting.progress.describe(f"tune {self.spec.label}")
         for i, option in enumerate(self.stages or [self.option]):
             if i:  # the next option's stage, from the step chosen so far
