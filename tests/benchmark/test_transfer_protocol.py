@@ -617,12 +617,7 @@ def test_the_statistics_freeze_step_is_tuned_with_the_step(tmp_path, monkeypatch
         self.tuning_rows.append(row)
         return value
 
-    path = tmp_path / "s.safetensors"
-    sampler = _nnsghmc(c=0.3, friction_units="per_step")
-    with torch.no_grad():  # (small nets: a stable sampler at these steps)
-        for p in sampler.parameters():
-            p.mul_(0.1)
-    sampler.save(str(path))
+    path = _small_nets_file(tmp_path)
     monkeypatch.setattr(transfer.MethodBenchmark, "_objective", score)
     summary = _freeze_benchmark(
         tmp_path,
@@ -641,27 +636,38 @@ def test_the_statistics_freeze_step_is_tuned_with_the_step(tmp_path, monkeypatch
 
     # the seed ran with V held after step 4: a sampler built by hand with it repeats the
     # numbers, one that adapts throughout does not
+    ran = entry["runs"][0]["final"]["average_nll"]
+    held = _rerun_freeze_seed(path, entry["lr"], stiffness_freeze_after=4)
+    assert held == pytest.approx(ran, rel=1e-6)
+    assert _rerun_freeze_seed(path, entry["lr"]) != pytest.approx(ran, rel=1e-6)
+
+
+def _small_nets_file(tmp_path) -> str:
+    """A sampler file whose nets are scaled down (a stable sampler at the tests' steps)."""
+    path = tmp_path / "s.safetensors"
+    sampler = _nnsghmc(c=0.3, friction_units="per_step")
+    with torch.no_grad():
+        for p in sampler.parameters():
+            p.mul_(0.1)
+    sampler.save(str(path))
+    return path
+
+
+def _rerun_freeze_seed(path, lr: float, **chosen) -> float:
+    """Seed 0 of :func:`_freeze_benchmark` rebuilt by hand with the ``chosen`` options: its
+    posterior-average NLL."""
+    from metasampler.benchmark.run import EvalSet, run_method
+
     problem = synthetic_classification_problem(
         n_train=120, n_val=60, n_test=60, n_ood=0, n_features=4, batch_size=30
     )
-    from metasampler.benchmark.run import EvalSet, run_method
-
-    def rerun(freeze: int | None) -> float:
-        options = {
-            "stiffness_freeze_after": freeze, "precondition_power": 0.5, "gamma": "exact",
-            "speed_limit": 4.0,
-        }  # fmt: skip
-        sampler = build_method(
-            "nnsghmc", options, entry["lr"], n_data=120, n_steps=12, sampler_path=path
-        )
-        return run_method(
-            sampler, problem.target, problem.init,
-            main=EvalSet(problem.data.x_test, problem.data.y_test),
-            n_chains=2, n_steps=12, burn_in=4, thin=2, eval_every=4, seed=0,
-        ).final["average_nll"]  # fmt: skip
-
-    ran = entry["runs"][0]["final"]["average_nll"]
-    assert rerun(4) == pytest.approx(ran, rel=1e-6) and rerun(None) != pytest.approx(ran, rel=1e-6)
+    options = {"precondition_power": 0.5, "gamma": "exact", "speed_limit": 4.0, **chosen}
+    sampler = build_method("nnsghmc", options, lr, n_data=120, n_steps=12, sampler_path=path)
+    return run_method(
+        sampler, problem.target, problem.init,
+        main=EvalSet(problem.data.x_test, problem.data.y_test),
+        n_chains=2, n_steps=12, burn_in=4, thin=2, eval_every=4, seed=0,
+    ).final["average_nll"]  # fmt: skip
 
 
 def test_config_rejects_bad_freeze_grids():
@@ -701,12 +707,7 @@ def test_two_options_are_tuned_one_after_the_other(tmp_path, monkeypatch):
         self.tuning_rows.append(row)
         return value
 
-    path = tmp_path / "s.safetensors"
-    sampler = _nnsghmc(c=0.3, friction_units="per_step")
-    with torch.no_grad():  # (small nets: a stable sampler at these steps)
-        for p in sampler.parameters():
-            p.mul_(0.1)
-    sampler.save(str(path))
+    path = _small_nets_file(tmp_path)
     monkeypatch.setattr(transfer.MethodBenchmark, "_objective", score)
     order = ["stiffness_freeze_after", "momentum_decay"]
     summary = _freeze_benchmark(
@@ -733,25 +734,12 @@ def test_two_options_are_tuned_one_after_the_other(tmp_path, monkeypatch):
     assert "| NNSGHMC | V fixed after step | 2 → " in table
     assert "| NNSGHMC | friction/step a | 0.01 → " in table
 
-    problem = synthetic_classification_problem(
-        n_train=120, n_val=60, n_test=60, n_ood=0, n_features=4, batch_size=30
-    )
-    from metasampler.benchmark.run import EvalSet, run_method
-
-    def rerun(**chosen) -> float:
-        options = {"precondition_power": 0.5, "gamma": "exact", "speed_limit": 4.0, **chosen}
-        sampler = build_method(
-            "nnsghmc", options, entry["lr"], n_data=120, n_steps=12, sampler_path=path
-        )
-        return run_method(
-            sampler, problem.target, problem.init,
-            main=EvalSet(problem.data.x_test, problem.data.y_test),
-            n_chains=2, n_steps=12, burn_in=4, thin=2, eval_every=4, seed=0,
-        ).final["average_nll"]  # fmt: skip
-
     ran = entry["runs"][0]["final"]["average_nll"]
-    assert rerun(stiffness_freeze_after=4, momentum_decay=0.03) == pytest.approx(ran, rel=1e-6)
-    assert rerun(stiffness_freeze_after=4) != pytest.approx(ran, rel=1e-6)
+    both = _rerun_freeze_seed(path, entry["lr"], stiffness_freeze_after=4, momentum_decay=0.03)
+    assert both == pytest.approx(ran, rel=1e-6)
+    assert _rerun_freeze_seed(path, entry["lr"], stiffness_freeze_after=4) != pytest.approx(
+        ran, rel=1e-6
+    )
 
 
 def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:
