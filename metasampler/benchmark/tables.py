@@ -211,10 +211,10 @@ def _option_table(summary: Mapping[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     tuned = False
-    for entry in summary["methods"].values():
+    for entry in (e for e in summary["methods"].values() if not e.get("error")):
         for option in _tuned_options(entry):
             grid = entry.get(f"{option}_grid")
-            if not grid or len(grid) < 2 or entry.get("error"):
+            if not grid or len(grid) < 2:
                 continue
             tuned = True
             extensions = entry.get(f"{option}_extensions") or []

@@ -140,7 +140,6 @@ class MethodBenchmark:
         self.grid = self.base_grid  # the step grid at the current option value
         self.stages = self.spec.tuning_stages(self.section)  # options tuned with it, in order
         self.option = self.spec.tuned_option(self.section)  # the stage's option (or None)
-        self.option_grid = self.spec.option_grid(self.section)  # empty: the fixed value
         self.entry: dict[str, Any] = {"label": self.spec.label, "is_sampler": self.spec.is_sampler}
         self.tuning_rows: list[dict[str, Any]] = []
         self.lr_tunings: dict[float, TuneResult] = {}  # option value -> its step tuning
@@ -151,6 +150,11 @@ class MethodBenchmark:
         """Whether anything is tuned (tuning on and more than one value in a grid)."""
         sizes = self.spec.stage_grid_sizes(self.section)
         return self.setting.cfg.tune.enabled and max(len(self.base_grid), *sizes, 0) > 1
+
+    @property
+    def option_grid(self) -> list[float]:
+        """The grid of the current stage's option (empty: its fixed value, or none)."""
+        return self.spec.option_grid(self.section, self.option)
 
     @property
     def option_value(self) -> float | None:
@@ -262,7 +266,7 @@ class MethodBenchmark:
         """Tune ``option`` next, the options before it fixed at their chosen values, from a
         step grid centred on the step chosen so far."""
         self.base_grid = self.grid = self._grid_centred_on(chosen_step)
-        self.option, self.option_grid = option, self.spec.option_grid(self.section, option)
+        self.option = option
         self.lr_tunings = {}
 
     def _step_grid_near(self, value: float) -> list[float | None]:
