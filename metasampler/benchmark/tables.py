@@ -381,6 +381,7 @@ _SUMMARY_FIELDS = (
 
 _TUNING_FIELDS = [
     "method",
+    "stage",  # the option tuned in this run's stage (several options tuned in order)
     FRICTION,
     FREEZE,
     "lr",

@@ -170,9 +170,15 @@ class MethodBenchmark:
 
     @property
     def reported_options(self) -> list[str]:
-        """The options tuned with the step, in order, or the one whose fixed value is
-        reported (empty for a method without any)."""
-        return self.stages or ([self.option] if self.option else [])
+        """The options tuned with the step, in order (or the first option, whose fixed value
+        is reported), then every other option whose value the section fixes, so that a part
+        run on other seeds with the values fixed records what the tuned part chose (empty for
+        a method without any)."""
+        first = self.stages or ([self.option] if self.option else [])
+        fixed = [
+            o for o in self.spec.tuned_options if o not in first and self._value_of(o) is not None
+        ]
+        return first + fixed
 
     def option_values(self) -> dict[str, float | None]:
         """The current value of every option in :attr:`reported_options`."""

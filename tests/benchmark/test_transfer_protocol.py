@@ -733,6 +733,8 @@ def test_two_options_are_tuned_one_after_the_other(tmp_path, monkeypatch):
     table = markdown_table(summary)
     assert "| NNSGHMC | V fixed after step | 2 → " in table
     assert "| NNSGHMC | friction/step a | 0.01 → " in table
+    stages = [line.split(",")[1] for line in tuning_csv(summary).splitlines()]
+    assert stages == ["stage"] + [r["stage"] for r in entry["tuning"]]
 
     ran = entry["runs"][0]["final"]["average_nll"]
     both = _rerun_freeze_seed(path, entry["lr"], stiffness_freeze_after=4, momentum_decay=0.03)
@@ -740,6 +742,24 @@ def test_two_options_are_tuned_one_after_the_other(tmp_path, monkeypatch):
     assert _rerun_freeze_seed(path, entry["lr"], stiffness_freeze_after=4) != pytest.approx(
         ran, rel=1e-6
     )
+
+
+def test_a_fixed_freeze_step_is_recorded_so_that_seed_parts_merge(tmp_path):
+    """A freeze step fixed in the section (no grid) is recorded in the method's entry beside
+    the friction, so that seeds run later at a tuned part's choices merge with it, and seeds
+    run at another freeze step do not."""
+    path = _small_nets_file(tmp_path)
+    fixed = ["methods.nnsghmc.lr_grid=[0.005]", "methods.nnsghmc.momentum_decay_grid=[0.03]"]
+    freeze = "methods.nnsghmc.stiffness_freeze_after="
+    parts = [
+        _freeze_benchmark(tmp_path / str(seed), path, *fixed, f"seeds=[{seed}]", f"{freeze}{step}")
+        for seed, step in ((0, 4), (1, 4), (2, 8))
+    ]
+    entry = parts[0]["methods"]["nnsghmc"]
+    assert (entry["momentum_decay"], entry["stiffness_freeze_after"]) == (0.03, 4)
+    assert merge_seed_results(parts[:2]).summary["seeds"] == [0, 1]
+    with pytest.raises(ValueError, match="tuned differently"):
+        merge_seed_results([parts[0], parts[2]])
 
 
 def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:
