@@ -6,11 +6,13 @@
 
 Each side is one or more ``DIRECTORY:METHOD`` parts (``results.json`` of ``evaluate.py``;
 ``METHOD`` is the key in its ``methods``, e.g. ``nnsghmc``, ``csghmc``). A side's parts are
-pooled by seed: a seed may appear in only one part. Seeds that both sides ran are paired, and
-the table gives each side's mean ± standard error over those seeds and the mean ± standard error
-of the per-seed differences ``A - B``. Two methods run on the same seeds share the data split,
-the minibatch order's seed and the initial weights' seed, so the paired standard error is
-usually well below the unpaired one (docs/RESULTS.md).
+merged as ``scripts/merge_eval_seeds.py`` merges them: one method, disjoint seeds, the same
+tuned values. Seeds that both sides ran are paired, and the table gives each side's mean ±
+standard error over those seeds and the mean ± standard error of the per-seed differences
+``A - B`` (a metric a run does not have, e.g. after divergence, is left out of its cell). Two
+methods run on the same seeds share the data split, the minibatch order's seed and the initial
+weights' seed, so the paired standard error is usually well below the unpaired one; a run's
+trajectory is chaotic, though, so pairing removes only that shared part (docs/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from metasampler.benchmark import format_mean_se, mean_se
+from metasampler.benchmark import format_mean_se, mean_se, merge_seed_results
 
 #: Final metrics in the table: (key in a run's ``final``, column title, scale, digits).
 METRICS = (
@@ -33,31 +35,41 @@ METRICS = (
 
 
 class PairingError(ValueError):
-    """The two sides cannot be paired (a part is missing, a seed is given twice, none shared)."""
+    """The two sides cannot be paired (a part is missing, parts that do not merge, no seed in
+    common)."""
+
+
+def _method_only(part: str) -> tuple[str, dict]:
+    """``(method, the part's results.json with only that method)`` of ``DIRECTORY:METHOD``."""
+    directory, sep, method = part.rpartition(":")
+    if not sep or not directory or not method:
+        raise PairingError(f"{part!r}: expected DIRECTORY:METHOD")
+    path = Path(directory) / "results.json"
+    if not path.is_file():
+        raise PairingError(f"{path} not found (run evaluate.py first)")
+    summary = json.loads(path.read_text())
+    if method not in summary["methods"]:
+        raise PairingError(f"{path} has no method {method!r}")
+    return method, {**summary, "methods": {method: summary["methods"][method]}}
 
 
 def load_side(parts: list[str]) -> tuple[str, dict[int, dict[str, float]]]:
-    """``(label, {seed: final metrics})`` of one side's ``DIRECTORY:METHOD`` parts."""
-    finals: dict[int, dict[str, float]] = {}
-    labels = []
-    for part in parts:
-        directory, sep, method = part.rpartition(":")
-        if not sep or not directory or not method:
-            raise PairingError(f"{part!r}: expected DIRECTORY:METHOD")
-        path = Path(directory) / "results.json"
-        if not path.is_file():
-            raise PairingError(f"{path} not found (run evaluate.py first)")
-        entry = json.loads(path.read_text())["methods"].get(method)
-        if entry is None:
-            raise PairingError(f"{path} has no method {method!r}")
-        labels.append(entry.get("label", method))
-        for run in entry["runs"]:
-            seed = int(run["seed"])
-            if seed in finals:
-                raise PairingError(f"seed {seed} appears twice on one side (again in {part!r})")
-            if run.get("final"):  # a diverged run has none: it cannot be paired
-                finals[seed] = run["final"]
-    return " + ".join(dict.fromkeys(labels)), finals
+    """``(label, {seed: final metrics})`` of one side's ``DIRECTORY:METHOD`` parts, merged by
+    :func:`metasampler.benchmark.merge_seed_results` (one method, disjoint seeds, the same
+    tuned values in every part)."""
+    loaded = [_method_only(part) for part in parts]
+    methods = {method for method, _ in loaded}
+    if len(methods) != 1:
+        raise PairingError(f"one side's parts name different methods: {sorted(methods)}")
+    (method,) = methods
+    summaries = [summary for _, summary in loaded]
+    if len(summaries) > 1:
+        try:
+            summaries = [merge_seed_results(summaries).summary]
+        except ValueError as err:
+            raise PairingError(f"{' '.join(parts)}: {err}") from err
+    entry = summaries[0]["methods"][method]
+    return entry.get("label", method), {int(r["seed"]): r["final"] for r in entry["runs"]}
 
 
 def _cell(values: list[float | None], scale: float, digits: int) -> str:

@@ -14,16 +14,27 @@ import paired_differences  # noqa: E402
 sys.path.pop(0)
 
 
-def _result(tmp_path: Path, name: str, method: str, nll_by_seed: dict[int, float | None]) -> str:
-    """A results.json whose runs have the given average NLL per seed (``None``: diverged)."""
+def _result(
+    tmp_path: Path, name: str, method: str, nll_by_seed: dict[int, float | None], lr: float = 0.1
+) -> str:
+    """A results.json of one method at step ``lr`` whose runs have the given average NLL per
+    seed (``None``: diverged, as evaluate.py writes it)."""
     runs = [
-        {"seed": seed, "final": None if nll is None else {"average_nll": nll}}
-        for seed, nll in nll_by_seed.items()
-    ]
+        {"seed": s, "final": {"average_nll": nll}, "curves": [], "message": None,
+         "diverged_at": None if nll is not None else 7}
+        for s, nll in nll_by_seed.items()
+    ]  # fmt: skip
+    entry = {"label": method.upper(), "is_sampler": True, "lr": lr, "runs": runs,
+             "seeds": list(nll_by_seed)}  # fmt: skip
+    summary = {
+        "name": name,
+        "seeds": list(nll_by_seed),
+        "methods": {method: entry},
+        "config": {"seeds": list(nll_by_seed), "methods": {method: {"lr_grid": [lr]}}},
+    }
     directory = tmp_path / name
     directory.mkdir()
-    methods = {method: {"label": method.upper(), "is_sampler": True, "runs": runs}}
-    (directory / "results.json").write_text(json.dumps({"name": name, "methods": methods}))
+    (directory / "results.json").write_text(json.dumps(summary))
     return f"{directory}:{method}"
 
 
@@ -45,17 +56,25 @@ def test_differences_are_paired_by_seed_across_parts(tmp_path):
     assert _row(table, "A: NNSGHMC")[1] == "–"  # no error metric in these runs
 
 
-def test_a_diverged_run_is_not_paired(tmp_path):
+def test_a_diverged_run_is_left_out_of_the_differences(tmp_path):
     a = [_result(tmp_path, "a", "sghmc", {0: 0.2, 1: None, 2: 0.4})]
     b = [_result(tmp_path, "b", "sgld", {0: 0.1, 1: 0.1, 2: 0.1})]
-    assert paired_differences.paired_table(a, b).startswith("Seeds [0, 2] (2 paired).")
+    table = paired_differences.paired_table(a, b)
+    assert _row(table, "A - B")[2] == "0.2000 ± 0.1000"  # seeds 0 and 2 only
+    assert _row(table, "B: SGLD")[2] == "0.1000 ± 0.0000"  # B keeps all three
 
 
-def test_a_seed_given_twice_on_one_side_is_refused(tmp_path):
-    a = [_result(tmp_path, "a1", "sghmc", {0: 0.2}), _result(tmp_path, "a2", "sghmc", {0: 0.3})]
-    b = [_result(tmp_path, "b", "sgld", {0: 0.1})]
-    with pytest.raises(paired_differences.PairingError, match="seed 0 appears twice"):
-        paired_differences.paired_table(a, b)
+def test_parts_that_do_not_merge_are_refused(tmp_path):
+    b = [_result(tmp_path, "b", "sgld", {0: 0.1, 1: 0.1})]
+    twice = [_result(tmp_path, "a1", "sghmc", {0: 0.2}), _result(tmp_path, "a2", "sghmc", {0: 0.3})]
+    with pytest.raises(paired_differences.PairingError, match="repeat seeds"):
+        paired_differences.paired_table(twice, b)
+    retuned = [twice[0], _result(tmp_path, "a3", "sghmc", {1: 0.3}, lr=0.2)]
+    with pytest.raises(paired_differences.PairingError, match="tuned differently"):
+        paired_differences.paired_table(retuned, b)
+    other = [twice[0], _result(tmp_path, "a4", "csghmc", {1: 0.3})]
+    with pytest.raises(paired_differences.PairingError, match="different methods"):
+        paired_differences.paired_table(other, b)
 
 
 def test_bad_parts_give_an_error_naming_them(tmp_path, capsys):
