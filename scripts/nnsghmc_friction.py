@@ -1,7 +1,7 @@
 """What a loaded NNSGHMC does on an ``evaluate.py`` task: its learned curl and friction per step.
 
     python scripts/nnsghmc_friction.py --config configs/eval/mnist_nt.yaml --lr 0.036 \
-        [--sampler PATH] [--n-chains 4] [--n-steps 400] [--every 50]
+        [--sampler PATH] [--n-chains 4] [--n-steps 400] [--every 50] [key=value ...]
 
 Runs the sampler under the config's protocol (warm-up phase, ``alpha_per_step``) at the per-batch
 learning rate ``--lr`` and prints, every ``--every`` steps, over all chains and coordinates:
@@ -11,9 +11,25 @@ and 90th percentile) split into the
 ``alpha Q_f^2`` part and the ``s_D f_phiD + c`` part; the nets' per-coordinate inputs (median
 and RMS of the standardised gradient ``g_hat``, RMS of the standardised momentum ``p_hat``, at
 the last step's gradient); for a curl with the stiffness input, the 10th, 50th and 90th
-percentiles of ``s_i = log(eta sqrt(V_i))``; and the test error and NLL of the ensemble of the
-current chains. ``--alpha-per-step`` and ``--d-scale`` change the friction for
-an ablation; ``--momentum-input-clamp`` and ``--speed-limit`` replace the file's constants.
+percentiles of ``s_i = log(eta sqrt(V_i))``; the heat the minibatch noise adds (below); the
+chains' configurational temperature (``evaluate.py``'s ``temp``: mean and hottest chain); and the
+test error and NLL of the ensemble of the current chains. ``--alpha-per-step`` and
+``--d-scale`` change the friction for an ablation; ``--momentum-input-clamp`` and
+``--speed-limit`` replace the file's constants. Config overrides (``key=value``, as
+``evaluate.py`` takes them) set the method's options as the evaluation does, e.g.
+``methods.nnsghmc.momentum_decay=0.0004`` (replaces the file's constant friction ``c``) or
+``methods.nnsghmc.stiffness_freeze_after=1000``.
+
+The minibatch gradient's noise (variance ``V_i`` per coordinate over minibatches) enters the
+momentum as ``eta^2 Q_f^2 V_i`` per step, and the friction ``eta D_f`` dissipates it, so a
+coordinate's momentum runs at ``T + h_i`` with ``h_i = eta Q_f^2 V_i / (2 D_f)`` (Chen et al.
+2014's ``B_hat / D``). The ``noise heat`` column gives the mean of ``h_i`` over the coordinates
+(to compare with ``evaluate.py``'s ``temp`` column minus 1), its 90th percentile, and the mean
+of ``max(h_i - T, 0)``: where ``h_i > T`` even a noise correction that knows ``V`` (the cooling
+stage, ``grad_noise_estimate``) cannot cancel the heat, as it would have to inject negative
+variance, so that mean is the heat left after one. ``V`` is the mean of 16 one-minibatch
+estimates (``estimate_noise=True``).
+
 SGHMC's friction per step in the benchmark is ``momentum_decay`` (0.01): a
 sampler whose per-step friction is far above it moves like an over-damped (slow) SGHMC.
 """
@@ -51,6 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     for name in ("momentum-input-clamp", "speed-limit"):
         parser.add_argument(f"--{name}", type=float, default=None, help="replace the file's")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_args(argv)
 
 
@@ -65,8 +82,9 @@ def build_sampler(args: argparse.Namespace, cfg, problem):
     options = OmegaConf.to_container(cfg.methods.nnsghmc, resolve=True)
     if args.alpha_per_step is not None:
         options["alpha_per_step"] = args.alpha_per_step
-    options["momentum_input_clamp"] = args.momentum_input_clamp
-    options["speed_limit"] = args.speed_limit
+    for name in ("momentum_input_clamp", "speed_limit"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     sampler = build_method(
         "nnsghmc",
         options,
@@ -94,9 +112,10 @@ def print_header(args, problem, sampler, eta, warmup, eta_warmup, note) -> None:
     print(
         "| step | eta_k | Q_f mean (p10 / p90) | Q clamped | eta D_f mean | eta D_f p90 | "
         "eta alpha Q^2 | eta (s_D f_D + c) | median abs g_hat | RMS g_hat | RMS p_hat | "
-        "stiffness s p10 / p50 / p90 | ensemble test err % | ensemble test NLL |"
+        "stiffness s p10 / p50 / p90 | noise heat h: mean (p90) / mean max(h - T, 0) | "
+        "temp: mean (max) | ensemble test err % | ensemble test NLL |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * 16 + "|")
 
 
 def ensemble_test_metrics(target, theta, x_test, y_test) -> tuple[float, float]:
@@ -120,6 +139,32 @@ def ensemble_test_metrics(target, theta, x_test, y_test) -> tuple[float, float]:
     return error_rate(ens, y_test), negative_log_likelihood(ens, y_test)
 
 
+# one-minibatch estimates of the gradient noise's variance averaged per coordinate (with 16,
+# a coordinate's estimated heat is within about +-35 % of its own at one SE)
+_NOISE_DRAWS = 16
+
+
+def noise_heat(
+    target,
+    theta: torch.Tensor,
+    q: torch.Tensor,
+    d: torch.Tensor,
+    eta_k: float,
+    temperature: float = 1.0,
+) -> tuple[float, float, float]:
+    """The temperature the minibatch noise adds, ``h = eta Q_f^2 V / (2 D_f)`` per coordinate
+    (module docstring): its mean and 90th percentile over the coordinates, and the mean of
+    ``max(h - T, 0)``, the share no noise correction can remove. The last two are spread by
+    the noise of ``V``'s estimate (the last is biased up by it); the mean is unbiased."""
+    gen = torch.Generator().manual_seed(12345)
+    with torch.no_grad():
+        draws = [target.evaluate(theta, gen, estimate_noise=True) for _ in range(_NOISE_DRAWS)]
+    var = torch.stack([ev.grad_noise_var for ev in draws]).double().mean(0)
+    heat = (eta_k * q.double().square() * var / (2.0 * d.double())).flatten()
+    left = (heat - temperature).clamp_min(0.0)
+    return float(heat.mean()), float(heat.quantile(0.9)), float(left.mean())
+
+
 def friction_row(sampler, problem, state, eta_k: float) -> str:
     """One row of the table: curl, friction and ensemble test error of ``state``'s chains."""
     target, x_test, y_test = problem.target, problem.data.x_test, problem.data.y_test
@@ -138,6 +183,10 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
     v = sampler._scalars(target, eta_k, sampler.temperature)
     g_hat, p_hat = state.grad.double() * v["g_scale"], state.momentum.double() * v["inv_sp"]
     err, nll = ensemble_test_metrics(target, state.theta, x_test, y_test)
+    from metasampler.benchmark.temperature import configurational_temperature
+
+    temps = configurational_temperature(target, state.theta)
+    heat, heat_p90, heat_left = noise_heat(target, state.theta, q, d, eta_k, sampler.temperature)
     stiffness = "–"
     if state.extras.get("grad_sq") is not None:
         from metasampler.learned.stiffness import stiffness_input
@@ -152,7 +201,9 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
         f"{float((eta_k * curl_part).mean()):.4f} | "
         f"{float((eta_k * (d - curl_part)).mean()):.4f} | {float(g_hat.abs().median()):.2f} | "
         f"{float(g_hat.pow(2).mean().sqrt()):.2f} | {float(p_hat.pow(2).mean().sqrt()):.3f} | "
-        f"{stiffness} | {100 * err:.2f} | {nll:.4f} |"
+        f"{stiffness} | {heat:.3g} ({heat_p90:.3g}) / {heat_left:.3g} | "
+        f"{float(temps.mean()):.3f} ({float(temps.max()):.3f}) | "
+        f"{100 * err:.2f} | {nll:.4f} |"
     )
 
 
@@ -164,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     from metasampler import sample
     from tasks.registry import build_problem
 
-    cfg = load_benchmark_config(args.config)
+    cfg = load_benchmark_config(args.config, args.overrides)
     problem = build_problem(cfg.task, seed=cfg.task.seed, device="cpu")
     sampler, eta, warmup, eta_warmup, note = build_sampler(args, cfg, problem)
     print_header(args, problem, sampler, eta, warmup, eta_warmup, note)
