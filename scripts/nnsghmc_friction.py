@@ -165,6 +165,19 @@ def noise_heat(
     return float(heat.mean()), float(heat.quantile(0.9)), float(left.mean())
 
 
+def heat_columns(sampler, target, theta, q, d, eta_k: float) -> str:
+    """The noise-heat column (:func:`noise_heat`) and the chains' configurational temperature,
+    mean and hottest chain."""
+    from metasampler.benchmark.temperature import configurational_temperature
+
+    heat, heat_p90, left = noise_heat(target, theta, q, d, eta_k, sampler.temperature)
+    temps = configurational_temperature(target, theta)
+    return (
+        f"{heat:.3g} ({heat_p90:.3g}) / {left:.3g} | "
+        f"{float(temps.mean()):.3f} ({float(temps.max()):.3f})"
+    )
+
+
 def friction_row(sampler, problem, state, eta_k: float) -> str:
     """One row of the table: curl, friction and ensemble test error of ``state``'s chains."""
     target, x_test, y_test = problem.target, problem.data.x_test, problem.data.y_test
@@ -183,10 +196,6 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
     v = sampler._scalars(target, eta_k, sampler.temperature)
     g_hat, p_hat = state.grad.double() * v["g_scale"], state.momentum.double() * v["inv_sp"]
     err, nll = ensemble_test_metrics(target, state.theta, x_test, y_test)
-    from metasampler.benchmark.temperature import configurational_temperature
-
-    temps = configurational_temperature(target, state.theta)
-    heat, heat_p90, heat_left = noise_heat(target, state.theta, q, d, eta_k, sampler.temperature)
     stiffness = "–"
     if state.extras.get("grad_sq") is not None:
         from metasampler.learned.stiffness import stiffness_input
@@ -201,8 +210,7 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
         f"{float((eta_k * curl_part).mean()):.4f} | "
         f"{float((eta_k * (d - curl_part)).mean()):.4f} | {float(g_hat.abs().median()):.2f} | "
         f"{float(g_hat.pow(2).mean().sqrt()):.2f} | {float(p_hat.pow(2).mean().sqrt()):.3f} | "
-        f"{stiffness} | {heat:.3g} ({heat_p90:.3g}) / {heat_left:.3g} | "
-        f"{float(temps.mean()):.3f} ({float(temps.max()):.3f}) | "
+        f"{stiffness} | {heat_columns(sampler, target, state.theta, q, d, eta_k)} | "
         f"{100 * err:.2f} | {nll:.4f} |"
     )
 

@@ -50,3 +50,19 @@ def _excess_momentum_temperature(sampler, target) -> tuple[torch.Tensor, float]:
         sampler, target, 20, 3000, seed=0, progress=False, callback=collect, store=False
     )
     return result.final_state.theta, float(torch.stack(squares).mean()) - 1.0
+
+
+def test_config_overrides_set_the_friction_the_script_reports(capsys) -> None:
+    # methods.nnsghmc.momentum_decay replaces the file's constant friction c (a = eta c per
+    # step at the test step): two values 0.1 apart move the table's `eta (s_D f_D + c)` column
+    # by 0.1 once the config's 7 warm-up steps (at sqrt(0.47) of the step) are over.
+    config = Path(__file__).resolve().parents[2] / "configs" / "eval" / "quick.yaml"
+
+    def constant_friction_column(decay: float) -> float:
+        argv = ["--config", str(config), "--lr", "0.3", "--n-chains", "2", "--n-steps", "8"]
+        assert nnsghmc_friction.main([*argv, f"methods.nnsghmc.momentum_decay={decay}"]) == 0
+        row = capsys.readouterr().out.strip().splitlines()[-1].split("|")
+        return float(row[8])  # | step | eta_k | Q_f | clamped | eta D_f | p90 | alpha Q^2 | c |
+
+    low, high = constant_friction_column(0.001), constant_friction_column(0.101)
+    assert high - low == pytest.approx(0.1, abs=0.005)
