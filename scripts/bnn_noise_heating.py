@@ -4,10 +4,11 @@
         [--sampler mnist_mlp_stiffness_softsign] [--lr 0.072] [--steps 600] [--batches 40]
 
 Runs ``--steps`` steps of the sampler (4 chains) on the evaluation config's task, then at the
-final state draws ``--batches`` minibatch gradients to estimate each coordinate's noise
-variance ``V_i`` of ``grad Ũ``, and prints the per-coordinate heating
-``eta Q_f^2 V / (2 D_f)`` (the relative excess temperature the noise brings,
-docs/METHOD.md §3): what ``NNSGHMC(grad_noise_var=...)`` would remove if ``V`` were known.
+final state estimates each coordinate's noise variance ``V_i`` of ``grad Ũ`` from ``--batches``
+minibatches (each split in halves, ``estimate_noise=True``), and prints the per-coordinate
+heating ``eta Q_f^2 V / (2 D_f)``, the relative excess temperature the noise brings
+(:func:`metasampler.benchmark.temperature.noise_heat`; docs/METHOD.md §3): what
+``NNSGHMC(grad_noise_var=...)`` would remove if ``V`` were known.
 
     python scripts/bnn_noise_heating.py --temperature --sampler runs/ss_c08/sampler.safetensors \
         --lr 0.144 [--steps 1500] [--chains 5]
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     import metasampler as ms
+    from metasampler.benchmark.temperature import noise_heat
     from tasks.bnn import build_bnn_problem
     from tasks.config import TaskConfig
 
@@ -85,18 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     state = ms.sample(
         sampler, target, 4, args.steps, init=init, seed=1, store=False, progress=False
     ).final_state
-    grads = torch.stack(
-        [
-            target.evaluate(state.theta, torch.Generator().manual_seed(100 + i)).grad
-            for i in range(args.batches)
-        ]
-    )
-    noise_var = grads.var(0)
     terms = sampler.drift_terms(
         state.theta, state.momentum, target, eta=eta, grad_sq=state.extras.get("grad_sq")
     )
     q, d = terms.q.detach(), terms.d.detach()
-    heating = (eta * q.square() * noise_var / (2 * d)).flatten()
+    gen = torch.Generator().manual_seed(100)
+    heating = noise_heat(target, state.theta, q, d, eta, args.batches, gen).float().flatten()
     quantiles = heating.quantile(torch.tensor([0.5, 0.9, 0.99])).tolist()
     print(
         f"eta {eta:.4g}; median per-step friction eta D_f {float((eta * d).median()):.4g}; "

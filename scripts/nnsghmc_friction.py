@@ -40,6 +40,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 # The application packages (tasks, experiments) live in the repository, not in the wheel.
@@ -139,38 +140,34 @@ def ensemble_test_metrics(target, theta, x_test, y_test) -> tuple[float, float]:
     return error_rate(ens, y_test), negative_log_likelihood(ens, y_test)
 
 
-# one-minibatch estimates of the gradient noise's variance averaged per coordinate (with 16,
-# a coordinate's estimated heat is within about +-35 % of its own at one SE)
-_NOISE_DRAWS = 16
+def quantiles(x: torch.Tensor, *levels: float) -> list[float]:
+    """Quantiles of all of ``x``'s entries (numpy's: ``torch.quantile`` refuses more than 2^24
+    entries, fewer than 20 chains of a 1M-parameter network)."""
+    return [float(v) for v in np.quantile(x.detach().double().cpu().numpy(), levels)]
 
 
-def noise_heat(
-    target,
-    theta: torch.Tensor,
-    q: torch.Tensor,
-    d: torch.Tensor,
-    eta_k: float,
-    temperature: float = 1.0,
+def noise_heat_summary(
+    target, theta: torch.Tensor, q: torch.Tensor, d: torch.Tensor, eta_k: float, temperature=1.0
 ) -> tuple[float, float, float]:
-    """The temperature the minibatch noise adds, ``h = eta Q_f^2 V / (2 D_f)`` per coordinate
-    (module docstring): its mean and 90th percentile over the coordinates, and the mean of
-    ``max(h - T, 0)``, the share no noise correction can remove. The last two are spread by
-    the noise of ``V``'s estimate (the last is biased up by it); the mean is unbiased."""
+    """The minibatch noise's heat ``h`` per coordinate
+    (:func:`metasampler.benchmark.temperature.noise_heat`, ``V`` from 16 draws): its mean and
+    90th percentile over the coordinates, and the mean of ``max(h - T, 0)``, the share no noise
+    correction can remove. The last two are spread by the noise of ``V``'s estimate (the last
+    is biased up by it); the mean is unbiased."""
+    from metasampler.benchmark.temperature import noise_heat
+
     gen = torch.Generator().manual_seed(12345)
-    with torch.no_grad():
-        draws = [target.evaluate(theta, gen, estimate_noise=True) for _ in range(_NOISE_DRAWS)]
-    var = torch.stack([ev.grad_noise_var for ev in draws]).double().mean(0)
-    heat = (eta_k * q.double().square() * var / (2.0 * d.double())).flatten()
+    heat = noise_heat(target, theta, q, d, eta_k, draws=16, generator=gen)
     left = (heat - temperature).clamp_min(0.0)
-    return float(heat.mean()), float(heat.quantile(0.9)), float(left.mean())
+    return float(heat.mean()), quantiles(heat, 0.9)[0], float(left.mean())
 
 
 def heat_columns(sampler, target, theta, q, d, eta_k: float) -> str:
-    """The noise-heat column (:func:`noise_heat`) and the chains' configurational temperature,
-    mean and hottest chain."""
+    """The noise-heat column (:func:`noise_heat_summary`) and the chains' configurational
+    temperature, mean and hottest chain."""
     from metasampler.benchmark.temperature import configurational_temperature
 
-    heat, heat_p90, left = noise_heat(target, theta, q, d, eta_k, sampler.temperature)
+    heat, heat_p90, left = noise_heat_summary(target, theta, q, d, eta_k, sampler.temperature)
     temps = configurational_temperature(target, theta)
     return (
         f"{heat:.3g} ({heat_p90:.3g}) / {left:.3g} | "
@@ -186,7 +183,7 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
             state.theta, state.momentum, target, eta=eta_k, grad_sq=state.extras.get("grad_sq")
         )
     q, d = terms.q.double(), terms.d.double()
-    q_p10, q_p90 = (float(x) for x in q.flatten().quantile(torch.tensor([0.1, 0.9]).double()))
+    q_p10, q_p90 = quantiles(q, 0.1, 0.9)
     clamped = ((q - sampler.beta_off).abs() >= sampler.q_clamp - 1e-6).double().mean()
     clamped = "–" if getattr(sampler, "precondition_power", 0) > 0 else f"{float(clamped):.1%}"
     units = getattr(sampler, "friction_units", "absolute")
@@ -200,13 +197,13 @@ def friction_row(sampler, problem, state, eta_k: float) -> str:
     if state.extras.get("grad_sq") is not None:
         from metasampler.learned.stiffness import stiffness_input
 
-        s = stiffness_input(state.extras["grad_sq"], eta_k).flatten().double()
-        p10, p50, p90 = (float(x) for x in s.quantile(torch.tensor([0.1, 0.5, 0.9]).double()))
+        s = stiffness_input(state.extras["grad_sq"], eta_k)
+        p10, p50, p90 = quantiles(s, 0.1, 0.5, 0.9)
         stiffness = f"{p10:.2f} / {p50:.2f} / {p90:.2f}"
     return (
         f"| {state.step} | {eta_k:.4g} | {float(q.mean()):.3f} ({q_p10:.3f} / {q_p90:.3f}) | "
         f"{clamped} | "
-        f"{float(per_step.mean()):.4f} | {float(per_step.flatten().quantile(0.9)):.4f} | "
+        f"{float(per_step.mean()):.4f} | {quantiles(per_step, 0.9)[0]:.4f} | "
         f"{float((eta_k * curl_part).mean()):.4f} | "
         f"{float((eta_k * (d - curl_part)).mean()):.4f} | {float(g_hat.abs().median()):.2f} | "
         f"{float(g_hat.pow(2).mean().sqrt()):.2f} | {float(p_hat.pow(2).mean().sqrt()):.3f} | "

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "configurational_temperature", "coordinate_virials", "layer_slices", "parameter_slices",
+    "configurational_temperature", "coordinate_virials", "layer_slices", "noise_heat",
+    "parameter_slices",
 ]  # fmt: skip
 
 
@@ -44,6 +45,40 @@ def coordinate_virials(target, theta: Tensor) -> Tensor:
             position = theta.clone().requires_grad_(True)
             (grad,) = torch.autograd.grad(target.energy(position).sum(), position)
     return theta * grad
+
+
+def noise_heat(
+    target,
+    theta: Tensor,
+    curl: Tensor,
+    friction: Tensor,
+    eta: float,
+    draws: int = 16,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """``h_i = eta Q_i^2 V_i / (2 D_i)`` per chain and coordinate ``(K, D)``: the temperature
+    the minibatch gradient's noise adds to a complete-recipe sampler (curl ``Q``, friction
+    ``D``) that does not correct for it (docs/METHOD.md §3; SGHMC's ``B_hat / C``, Chen et al.
+    2014). The noise enters the momentum as ``eta^2 Q^2 V`` per step and the friction ``eta D``
+    dissipates it, so a coordinate's momentum runs at ``T + h_i``. Where ``h_i > T`` even a
+    correction that knows ``V`` cannot cancel it (it would inject negative variance).
+
+    ``V_i`` is the mean of ``draws`` one-minibatch estimates at ``theta``
+    (``target.evaluate(..., estimate_noise=True)``, unbiased), so ``h`` is unbiased per
+    coordinate and spread by the estimate's noise (relative SD ``sqrt(2 / draws)`` for a
+    Gaussian noise).
+    """
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws!r}")
+    with torch.no_grad():
+        var = (
+            sum(
+                target.evaluate(theta, generator, estimate_noise=True).grad_noise_var.double()
+                for _ in range(draws)
+            )
+            / draws
+        )
+    return eta * curl.double().square() * var / (2.0 * friction.double())
 
 
 def parameter_slices(target) -> list[tuple[str, slice]]:

@@ -25,8 +25,8 @@ def test_noise_heat_predicts_the_momentum_temperature_of_a_noisy_sghmc(friction:
     eta, sigma = 0.05, 4.0
     target = EnergyTarget(lambda x: 0.5 * x.square().sum(-1), 40, grad_noise_std=sigma)
     theta, measured = _excess_momentum_temperature(SGHMC(eta=eta, friction=friction), target)
-    ones = torch.ones_like(theta)
-    heat, heat_p90, left = nnsghmc_friction.noise_heat(target, theta, ones, friction * ones, eta)
+    q = torch.ones_like(theta)
+    heat, heat_p90, left = nnsghmc_friction.noise_heat_summary(target, theta, q, friction * q, eta)
     assert heat == pytest.approx(eta * sigma**2 / (2 * friction), rel=0.05)  # from V's estimate
     assert heat_p90 > heat  # (per-coordinate values, spread by the estimate's noise)
     assert measured == pytest.approx(heat, rel=0.08)  # ... the heat the chains show
@@ -66,3 +66,9 @@ def test_config_overrides_set_the_friction_the_script_reports(capsys) -> None:
 
     low, high = constant_friction_column(0.001), constant_friction_column(0.101)
     assert high - low == pytest.approx(0.1, abs=0.005)
+
+
+def test_quantiles_take_more_entries_than_torch_quantile_does() -> None:
+    # 20 chains of a 1M-parameter network: torch.quantile refuses more than 2^24 entries.
+    x = torch.arange(20_000_001, dtype=torch.float32)
+    assert nnsghmc_friction.quantiles(x, 0.1, 0.5) == pytest.approx([2_000_000.0, 10_000_000.0])

@@ -10,6 +10,7 @@ from metasampler.benchmark.temperature import (
     configurational_temperature,
     coordinate_virials,
     layer_slices,
+    noise_heat,
     parameter_slices,
 )
 from metasampler.targets import EnergyTarget
@@ -83,3 +84,19 @@ def test_layer_slices_join_each_modules_weight_and_bias() -> None:
     assert layers == [("0", slice(0, 16)), ("2", slice(16, 26))]
     target = EnergyTarget(lambda theta: (theta * theta).sum(-1) / 2, dim=5)
     assert layer_slices(target) == [("theta", slice(0, 5))]
+
+
+def test_noise_heat_is_eta_q2_v_over_2d_from_an_unbiased_estimate_of_v() -> None:
+    # Gradient noise of SD 3 (V = 9) on every coordinate; Q = 2 and D = 0.5 on the first half,
+    # Q = 1 and D = 1 on the second: h = eta Q^2 V / (2 D) = 0.036 and 0.0045 at eta = 0.001.
+    target = EnergyTarget(lambda x: 0.5 * x.square().sum(-1), 2000, grad_noise_std=3.0)
+    theta = torch.zeros(4, 2000)
+    half = torch.arange(2000) < 1000
+    curl, friction = torch.where(half, 2.0, 1.0).expand(4, -1), torch.where(half, 0.5, 1.0)
+    gen = torch.Generator().manual_seed(0)
+    heat = noise_heat(target, theta, curl, friction.expand(4, -1), 0.001, draws=8, generator=gen)
+    assert heat.shape == (4, 2000)
+    assert float(heat[:, :1000].mean()) == pytest.approx(0.036, rel=0.03)
+    assert float(heat[:, 1000:].mean()) == pytest.approx(0.0045, rel=0.03)
+    with pytest.raises(ValueError, match="draws"):
+        noise_heat(target, theta, curl, friction, 0.001, draws=0)
