@@ -31,6 +31,13 @@ end: with a long run of a small-step sampler, a reference for what the posterior
 It also prints the averaged states' mean member NLL: the gap between that and the average's NLL
 is how much the kept states disagree (zero when they all predict alike).
 
+``--per-chain`` (with ``--average-from``) also keeps each chain's own posterior average and
+prints, per chain, its final configurational temperature, the test NLL of its own average and
+that of all chains' average without it, then the average over the chains whose final
+temperature is at most ``--hot`` against the average over the others: which chains the
+posterior average's NLL owes what to (a few hot chains, or the rest; docs/RESULTS.md, session
+51).
+
 ``--save-states PATH`` writes the chains' final positions (a checksummed ``torch.save`` file
 with the config, method, learning rate and step), e.g. as start positions for
 ``scripts/reference_hmc.py``. ``--init-states PATH`` starts the chains from such a file
@@ -41,6 +48,7 @@ as many chains as it holds.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -61,6 +69,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--average-from", type=int, default=None, help="first averaged step")
     parser.add_argument("--average-every", type=int, default=10)
+    parser.add_argument(
+        "--per-chain", action="store_true", help="with --average-from: each chain's own average"
+    )
+    parser.add_argument(
+        "--hot", type=float, default=1.2, help="--per-chain: a chain hotter than this is hot"
+    )
     parser.add_argument("--save-states", default=None, help="write the final positions here")
     parser.add_argument("--init-states", default=None, help="start from these saved positions")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
@@ -135,6 +149,36 @@ def print_average(average, member_nll: float, y_test: torch.Tensor, start: int) 
           f"{member_nll:.4f} (gap {member_nll - nll:.4f}: how much they disagree)")  # fmt: skip
 
 
+def print_per_chain(
+    log_sums: torch.Tensor, count: int, temperatures: torch.Tensor, y_test: torch.Tensor, hot: float
+) -> None:
+    """Each chain's own posterior average and what it adds to all chains' (``log_sums``:
+    ``(K, B, C)`` summed log-probabilities of ``count`` states per chain), then the average of
+    the chains at most ``hot`` against that of the hotter ones."""
+    from metasampler.benchmark.metrics import error_rate, negative_log_likelihood
+
+    def scores(chains: torch.Tensor) -> str:
+        if not bool(chains.any()):
+            return "no chain"
+        log_mean = torch.logsumexp(log_sums[chains], 0) - math.log(count * int(chains.sum()))
+        nll, error = negative_log_likelihood(log_mean, y_test), error_rate(log_mean, y_test)
+        return f"{int(chains.sum())} chains: test NLL {nll:.4f}, error {error * 100:.2f} %"
+
+    n_chains = log_sums.shape[0]
+    print("\nPer chain: final temperature, its own posterior average's test NLL, and all "
+          "chains' average without it")  # fmt: skip
+    print("| chain | temperature | own average NLL | all but this chain |\n|---:|---:|---:|---:|")
+    for k in range(n_chains):
+        own = negative_log_likelihood(log_sums[k] - math.log(count), y_test)
+        others = torch.arange(n_chains) != k
+        left_out = torch.logsumexp(log_sums[others], 0) - math.log(count * (n_chains - 1))
+        print(f"| {k} | {float(temperatures[k]):.3f} | {own:.4f} | "
+              f"{negative_log_likelihood(left_out, y_test):.4f} |")  # fmt: skip
+    cool = temperatures <= hot
+    print(f"\nAll chains: {scores(torch.ones_like(cool))}; temperature <= {hot}: "
+          f"{scores(cool)}; hotter: {scores(~cool)}")  # fmt: skip
+
+
 def save_states(path: str, theta: torch.Tensor, args: argparse.Namespace, step: int) -> None:
     """The chains' positions and where they come from, as a checksummed file."""
     from metasampler.files import save_checksummed
@@ -165,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     from metasampler.benchmark.metrics import RunningAverage, member_nll, predict_log_probs
     from metasampler.benchmark.temperature import coordinate_virials
 
+    if args.per_chain and args.average_from is None:
+        print("error: --per-chain needs --average-from (the first averaged step)", file=sys.stderr)
+        return 2
     run = load_from_args(args)
     if run is None:
         return 2
@@ -185,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     by_frequency: dict[int, list[str]] = {}
     slices, by_tensor, curl_by_tensor = labelled_slices(target), {}, {}
     average, member_nll_sum, final = RunningAverage(), [0.0], {}
+    per_chain: dict[str, torch.Tensor] = {}  # --per-chain: (K, B, C) summed log-probabilities
 
     def report(state) -> None:
         final["state"] = state
@@ -196,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         ):
             log_probs = predict_log_probs(target, state.theta, data.x_test, 1000)
             average.update(log_probs)
+            if args.per_chain:
+                summed = per_chain.get("log_sums")
+                per_chain["log_sums"] = (
+                    log_probs.double() if summed is None else torch.logaddexp(summed, log_probs)
+                )
             member_nll_sum[0] += member_nll(log_probs, data.y_test) * log_probs.shape[0]
         if state.step in args.steps:
             if split is not None:
@@ -237,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     if average.count:
         print_average(average, member_nll_sum[0] / average.count, data.y_test, args.average_from)
+    if per_chain:
+        temperatures = coordinate_virials(target, final["state"].theta).mean(-1)
+        n_states = average.count // per_chain["log_sums"].shape[0]
+        print_per_chain(per_chain["log_sums"], n_states, temperatures, data.y_test, args.hot)
     if args.save_states is not None:
         save_states(args.save_states, final["state"].theta, args, final["state"].step)
     return 0

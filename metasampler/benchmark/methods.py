@@ -57,6 +57,7 @@ __all__ = [
     "SGNHTMethod",
     "build_method",
     "check_method_section",
+    "method_label",
     "uses_sampler_file",
 ]
 
@@ -70,6 +71,11 @@ class MethodGrid:
 
     enabled: bool = True
     lr_grid: list[float] = field(default_factory=lambda: [0.01])
+    # The posterior's temperature T the method samples, pi ∝ exp(-U / T) (samplers only; the
+    # optimiser references run at T = 0): 1 is the posterior; another value samples a tempered
+    # posterior, a control for how a test score moves with the temperature of the chains
+    # (docs/RESULTS.md, session 51).
+    temperature: float = 1.0
 
 
 @dataclass
@@ -500,7 +506,17 @@ def build_method(
     if lr is None and not spec.stored_step:
         raise ValueError(f"method {key!r} needs a learning rate")
     options = {**asdict(spec.schema()), **options}
-    return spec.build(options, lr, BuildContext(n_data, n_steps, sampler_path, str(device)))
+    sampler = spec.build(options, lr, BuildContext(n_data, n_steps, sampler_path, str(device)))
+    if spec.is_sampler:
+        sampler.temperature = float(options["temperature"])
+    return sampler
+
+
+def method_label(key: str, section: Mapping[str, Any]) -> str:
+    """Method ``key``'s display label, with its temperature when that is not 1."""
+    temperature = float(section.get("temperature", 1.0))
+    label = METHODS[key].label
+    return label if temperature == 1.0 else f"{label} (T = {temperature:g})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -527,6 +543,19 @@ def _check_steps(key: str, section: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"methods.{key}: grad_noise_estimate_from turns the estimate on from a step; "
             "set grad_noise_estimate to false with it (true estimates for the whole run)"
+        )
+
+
+def _check_temperature(key: str, section: Mapping[str, Any]) -> None:
+    temperature = section.get("temperature", 1.0)
+    if not METHODS[key].is_sampler and temperature != 1.0:
+        raise ConfigError(
+            f"methods.{key}.temperature: {METHODS[key].label} is an optimiser reference (it runs "
+            f"at temperature 0); leave temperature at 1, got {temperature!r}"
+        )
+    if not _finite_positive(temperature):
+        raise ConfigError(
+            f"methods.{key}.temperature must be a finite number > 0, got {temperature!r}"
         )
 
 
@@ -587,6 +616,7 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
             f"methods.{key}.{spec.tuned}_grid values must be finite numbers > 0, got {grid!r}"
         )
     _check_option_grids(key, section)
+    _check_temperature(key, section)
     for name in _POSITIVE_OPTIONS:
         if section.get(name) is not None and not _finite_positive(section[name]):
             raise ConfigError(

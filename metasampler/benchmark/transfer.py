@@ -23,7 +23,7 @@ from ..distributed import is_main_process, world_size
 from ..samplers import Sampler
 from ..schedules import WarmUp
 from ..targets import NonFiniteError
-from .methods import METHODS, is_step_option
+from .methods import METHODS, is_step_option, method_label
 from .metrics import frame_targets, is_sequence_model
 from .prior_check import prior_only_variances, sampled_variance
 from .protocol import MethodFactory
@@ -140,7 +140,10 @@ class MethodBenchmark:
         self.grid = self.base_grid  # the step grid at the current option value
         self.stages = self.spec.tuning_stages(self.section)  # options tuned with it, in order
         self.option = self.spec.tuned_option(self.section)  # the stage's option (or None)
-        self.entry: dict[str, Any] = {"label": self.spec.label, "is_sampler": self.spec.is_sampler}
+        self.entry: dict[str, Any] = {
+            "label": method_label(key, self.section),
+            "is_sampler": self.spec.is_sampler,
+        }
         self.tuning_rows: list[dict[str, Any]] = []
         self.lr_tunings: dict[float, TuneResult] = {}  # option value -> its step tuning
         self.runs: dict[int, MethodRun] = {}

@@ -122,3 +122,31 @@ def test_curl_medians_show_the_preconditioner_per_tensor() -> None:
     state = SamplerState(theta, torch.zeros_like(theta), {"grad_sq": grad_sq}, 0, 0.05)
     medians = chain_fit.curl_medians(sampler, state, target, slices)
     assert medians == ["1.000", "1.000", "0.100", "1.000"]
+
+
+def test_per_chain_averages_and_the_split_by_temperature(capsys) -> None:
+    # Two states of each of three chains on one example of label 0; the chains predict
+    # P(label) 0.9, 0.5 and 0.1 at every state, chain 2 is hot.
+    probs = torch.tensor([0.9, 0.5, 0.1], dtype=torch.float64)
+    per_state = torch.stack([probs, 1 - probs], -1).log().unsqueeze(1)  # (K, 1, C)
+    log_sums = per_state + math.log(2.0)  # two states each
+    y = torch.tensor([0])
+    chain_fit.print_per_chain(log_sums, 2, torch.tensor([1.0, 1.05, 3.0]), y, hot=1.2)
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split(" | ") for line in lines if line.startswith("| ") and "chain" not in line]
+    own = [float(r[2]) for r in rows]
+    assert own == pytest.approx([-math.log(0.9), -math.log(0.5), -math.log(0.1)], abs=1e-4)
+    without = [float(r[3].rstrip(" |")) for r in rows]
+    assert without == pytest.approx(
+        [-math.log(0.3), -math.log(0.5), -math.log(0.7)], abs=1e-4
+    )  # (the mean of the other two chains' P(label))
+    summary = lines[-1]
+    assert f"All chains: 3 chains: test NLL {-math.log(0.5):.4f}" in summary
+    assert f"temperature <= 1.2: 2 chains: test NLL {-math.log(0.7):.4f}" in summary
+    assert f"hotter: 1 chains: test NLL {-math.log(0.1):.4f}, error 100.00 %" in summary
+
+
+def test_per_chain_needs_the_averaged_steps(capsys) -> None:
+    assert chain_fit.main(["--config", "configs/eval/quick.yaml", "--method", "sghmc",
+                           "--lr", "0.1", "--per-chain"]) == 2  # fmt: skip
+    assert "--per-chain needs --average-from" in capsys.readouterr().err

@@ -11,7 +11,8 @@ from test_evaluation import _tiny_problem
 
 from experiments.benchmark_config import MethodsConfig, load_benchmark_config
 from metasampler.benchmark import METHODS, EvalSet, build_method, run_method
-from metasampler.benchmark.methods import check_method_section
+from metasampler.benchmark.methods import check_method_section, method_label
+from metasampler.benchmark.prior_check import prior_only_variances, sampled_variance
 from metasampler.config import ConfigError
 from metasampler.samplers import SGLD
 from metasampler.stepsize import resolve_eta
@@ -133,3 +134,31 @@ def test_the_loaded_sampler_goes_to_the_chains_device(monkeypatch):
                          device="cuda:1")  # fmt: skip
     assert make(0.01, 10).lr == 0.01
     assert asked == ["cuda:1"]
+
+
+@pytest.mark.parametrize(("key", "lr"), [("sghmc", 0.15), ("sgld", 35.0)])
+def test_a_method_at_temperature_two_samples_twice_the_prior_variance(key, lr):
+    # a prior-only N(0, 1) coordinate: pi ∝ exp(-theta^2 / (2 T)) has variance T (SGLD at
+    # eta = 0.01, so that 2,000 steps relax it)
+    def variance(temperature: float) -> float:
+        section = {"temperature": temperature, "momentum_decay": 0.01}
+        make = lambda: build_method(key, section, lr, n_data=3500, n_steps=2000)  # noqa: E731
+        rows = prior_only_variances(make, 3500, 20, 2000, dim=500)
+        return sampled_variance(rows, 500, 2000)
+
+    assert build_method(key, {"temperature": 2.0}, lr, n_data=3500, n_steps=10).temperature == 2.0
+    assert variance(1.0) == pytest.approx(1.0, rel=0.1)
+    assert variance(2.0) == pytest.approx(2.0, rel=0.1)
+
+
+def test_temperature_is_checked_and_named_in_the_label():
+    cfg = load_benchmark_config(None)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="methods.sghmc.temperature must be a finite"):
+            check_method_section("sghmc", {**cfg.methods.sghmc, "temperature": bad}, 20)
+    with pytest.raises(ConfigError, match="methods.adam.temperature: Adam is an optimiser"):
+        check_method_section("adam", {**cfg.methods.adam, "temperature": 0.5}, 20)
+    check_method_section("csghmc", {**cfg.methods.csghmc, "temperature": 0.5}, 20)
+    assert method_label("sghmc", {"temperature": 1.5}) == "SGHMC (T = 1.5)"
+    assert method_label("sghmc", cfg.methods.sghmc) == "SGHMC"
+    assert build_method("adam", {}, 0.01, n_data=10, n_steps=10).temperature == 0.0
