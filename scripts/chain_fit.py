@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.one_method import load_from_args, load_saved_states, method_parser  # noqa: E402
+from metasampler.cli import positive_float  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--per-chain", action="store_true", help="with --average-from: each chain's own average"
     )
     parser.add_argument(
-        "--hot", type=float, default=1.2, help="--per-chain: a chain hotter than this is hot"
+        "--hot", type=positive_float, default=1.2, help="--per-chain: hotter than this is hot"
     )
     parser.add_argument("--save-states", default=None, help="write the final positions here")
     parser.add_argument("--init-states", default=None, help="start from these saved positions")
