@@ -48,7 +48,6 @@ as many chains as it holds.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -156,12 +155,16 @@ def print_per_chain(
     """Each chain's own posterior average and what it adds to all chains' (``log_sums``:
     ``(K, B, C)`` summed log-probabilities of ``count`` states per chain), then the average of
     the chains at most ``hot`` against that of the hotter ones."""
-    from metasampler.benchmark.metrics import error_rate, negative_log_likelihood
+    from metasampler.benchmark.metrics import RunningAverage, error_rate, negative_log_likelihood
+
+    def average_of(chains: torch.Tensor) -> torch.Tensor:  # the chains' log mean predictive
+        summed = torch.logsumexp(log_sums[chains], 0)
+        return RunningAverage.from_log_sum(summed, count * int(chains.sum())).log_mean()
 
     def scores(chains: torch.Tensor) -> str:
         if not bool(chains.any()):
             return "no chain"
-        log_mean = torch.logsumexp(log_sums[chains], 0) - math.log(count * int(chains.sum()))
+        log_mean = average_of(chains)
         nll, error = negative_log_likelihood(log_mean, y_test), error_rate(log_mean, y_test)
         return f"{int(chains.sum())} chains: test NLL {nll:.4f}, error {error * 100:.2f} %"
 
@@ -170,11 +173,10 @@ def print_per_chain(
           "chains' average without it")  # fmt: skip
     print("| chain | temperature | own average NLL | all but this chain |\n|---:|---:|---:|---:|")
     for k in range(n_chains):
-        own = negative_log_likelihood(log_sums[k] - math.log(count), y_test)
-        others = torch.arange(n_chains) != k
-        left_out = torch.logsumexp(log_sums[others], 0) - math.log(count * (n_chains - 1))
-        print(f"| {k} | {float(temperatures[k]):.3f} | {own:.4f} | "
-              f"{negative_log_likelihood(left_out, y_test):.4f} |")  # fmt: skip
+        own = torch.arange(n_chains) == k
+        print(f"| {k} | {float(temperatures[k]):.3f} | "
+              f"{negative_log_likelihood(average_of(own), y_test):.4f} | "
+              f"{negative_log_likelihood(average_of(~own), y_test):.4f} |")  # fmt: skip
     cool = temperatures <= hot
     print(f"\nAll chains: {scores(torch.ones_like(cool))}; temperature <= {hot}: "
           f"{scores(cool)}; hotter: {scores(~cool)}")  # fmt: skip
