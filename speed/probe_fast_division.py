@@ -4,11 +4,14 @@ For each sampler below, on the 784-40-40-10 MLP of ``bench_nnsghmc_overhead.py``
 one thread), the inputs of one step are captured and its compiled package is built twice in
 child processes, into a temporary folder: as the package is built by default (the reciprocal
 estimate and one Newton step, where the CPU's vector width has one) and without the build's
-shortcuts (exact division). Both packages are then replayed on the same inputs in interleaved
-rounds; the script prints ms per call, the median of per-round ratios, and the largest
-difference between the two packages' outputs relative to the state's scale.
+shortcuts (exact division). ``--estimate-only`` adds a third build whose divisions use the
+14-bit estimate alone, without the Newton step (what dropping it would save; not how packages
+are built). The packages are then replayed on the same inputs in interleaved rounds; the script
+prints ms per call, the medians of per-round ratios to exact division, and the largest
+difference of each fast package's outputs from exact division's, relative to the state's scale.
 
-    .venv/bin/python speed/probe_fast_division.py [--rounds 8] [--calls 10]
+    .venv/bin/python speed/probe_fast_division.py [--rounds 8] [--calls 10] [--widths 40 5]
+        [--estimate-only]
 """
 
 from __future__ import annotations
@@ -31,11 +34,21 @@ from bench_nnsghmc_overhead import mlp_target, time_sampling  # noqa: E402
 from metasampler.learned import NNSGHMC, aot  # noqa: E402
 from metasampler.learned import nnsghmc as nnsghmc_module  # noqa: E402
 
+# The variants' builds: exact division (no shortcuts), the default, the estimate alone.
+VARIANTS = ("exact division", "estimate + Newton", "estimate only")
+# Run in the build's child process: the reciprocal estimate without its Newton step.
+_ESTIMATE_ONLY = (
+    "import sys, torch; from metasampler.learned import aot, vector_division as v; "
+    "torch._inductor.config.fx_graph_cache = False; "  # (not the default build's cached code)
+    "v._NEWTON = '__m512 v_ = {v}; __m512 r_ = _mm512_rcp14_ps(v_);'; "
+    "sys.exit(aot.main(sys.argv[1:]))"
+)
 
-def samplers() -> dict[str, NNSGHMC]:
+
+def samplers(widths: list[int]) -> dict[str, NNSGHMC]:
     """Untrained nets of the shipped floor layout, eager (the probe builds its own packages)."""
     out = {}
-    for width in (40, 5):
+    for width in widths:
         for gamma in ("exact", "finite_difference"):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -63,9 +76,10 @@ def captured_inputs(named: dict[str, NNSGHMC]) -> dict:
     return {name: captured[id(s)] for name, s in named.items()}
 
 
-def build(spec: aot.KernelSpec, package: Path, fast: bool) -> None:
-    flag = [] if fast else [aot.NO_SHORTCUTS]
-    command = [sys.executable, "-m", "metasampler.learned.aot", spec.to_json(), str(package)]
+def build(spec: aot.KernelSpec, package: Path, variant: str) -> None:
+    flag = [aot.NO_SHORTCUTS] if variant == "exact division" else []
+    module = ["-c", _ESTIMATE_ONLY] if variant == "estimate only" else ["-m", aot.__name__]
+    command = [sys.executable, *module, spec.to_json(), str(package)]
     subprocess.run(command + flag, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -73,20 +87,23 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--widths", type=int, nargs="+", default=[40, 5])
+    parser.add_argument("--estimate-only", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"CPU vector ISA: {torch.backends.cpu.get_cpu_capability()}")
-    inputs = captured_inputs(samplers())
+    inputs = captured_inputs(samplers(args.widths))
+    variants = VARIANTS if args.estimate_only else VARIANTS[:2]
     runners = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, step_args in inputs.items():
             spec = aot.KernelSpec.of(step_args)
-            for fast in (True, False):
-                package = Path(tmp) / f"{spec.digest()}-{fast}.pt2"
-                build(spec, package, fast)
+            for i, variant in enumerate(variants):
+                package = Path(tmp) / f"{spec.digest()}-{i}.pt2"
+                build(spec, package, variant)
                 runner = torch._inductor.aoti_load_package(str(package))
-                runners[name, fast] = (runner, aot.flat_inputs(step_args, spec))
-    times: dict[tuple[str, bool], list[float]] = {key: [] for key in runners}
+                runners[name, variant] = (runner, aot.flat_inputs(step_args, spec))
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in runners}
     with torch.no_grad():
         for _ in range(args.rounds):
             for key, (runner, flat) in runners.items():
@@ -95,18 +112,25 @@ def main(argv: list[str] | None = None) -> None:
                 for _ in range(args.calls):
                     runner(*flat)
                 times[key].append((time.perf_counter() - t0) / args.calls * 1e3)
-        print("\n| compiled step | exact division (ms) | fast division (ms) | ratio | max diff |")
-        print("|---|---:|---:|---:|---:|")
+        fast = variants[1:]
+        print("\n| compiled step | " + " | ".join(f"{v} (ms)" for v in variants)
+              + "".join(f" | {v}: ratio, max diff" for v in fast) + " |")  # fmt: skip
+        print("|---|" + "---:|" * (len(variants) + len(fast)))
         for name in inputs:
-            (fast_run, flat), (exact_run, _) = runners[name, True], runners[name, False]
-            diff = max(
-                ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-                for a, b in zip(fast_run(*flat)[:2], exact_run(*flat)[:2], strict=True)
-            )
-            fast_t, exact_t = times[name, True], times[name, False]
-            ratio = statistics.median(f / e for f, e in zip(fast_t, exact_t, strict=True))
-            print(f"| {name} | {statistics.median(exact_t):.2f} | {statistics.median(fast_t):.2f}"
-                  f" | {ratio:.2f} | {diff:.1e} |")  # fmt: skip
+            exact_run, flat = runners[name, variants[0]]
+            exact_out, exact_t = exact_run(*flat)[:2], times[name, variants[0]]
+            cells = [f"{statistics.median(times[name, v]):.2f}" for v in variants]
+            for variant in fast:
+                out = runners[name, variant][0](*flat)[:2]
+                diff = max(
+                    ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+                    for a, b in zip(out, exact_out, strict=True)
+                )
+                ratio = statistics.median(
+                    f / e for f, e in zip(times[name, variant], exact_t, strict=True)
+                )
+                cells.append(f"{ratio:.2f}, {diff:.1e}")
+            print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
