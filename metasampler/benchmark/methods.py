@@ -54,6 +54,7 @@ __all__ = [
     "SGDMMethod",
     "SGHMCMethod",
     "SGLDMethod",
+    "SGNHTEulerMethod",
     "SGNHTMethod",
     "build_method",
     "check_method_section",
@@ -131,6 +132,11 @@ class NNSGHMCMethod(MethodGrid):
     # ensemble (docs/RESULTS.md, session 38); a run shorter than the step never estimates;
     # null: `grad_noise_estimate` for the whole run.
     grad_noise_estimate_from: int | None = None
+    # While the estimate is on: its diffusion B = eta Q_f^2 V / 2 joins the friction, D_f + B / T,
+    # instead of being left out of the injected noise, so coordinates whose gradient noise
+    # exceeds the learned friction are cooled rather than left hot (the sampler's
+    # `grad_noise_friction`; docs/RESULTS.md, session 53).
+    grad_noise_friction: bool = False
 
 
 @dataclass
@@ -179,6 +185,8 @@ class SGHMCMethod(_Friction):
     grad_noise_estimate: bool = False
     # the cooling stage of NNSGHMC's option of that name
     grad_noise_estimate_from: int | None = None
+    # the estimate joins the friction, C + B (SGHMC's `grad_noise_friction`)
+    grad_noise_friction: bool = False
 
 
 @dataclass
@@ -186,6 +194,15 @@ class SGNHTMethod(_Friction):
     """mSGNHT with the symmetric-splitting integrator; diffusion ``A = momentum_decay / eta``."""
 
     lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
+
+
+@dataclass
+class SGNHTEulerMethod(SGNHTMethod):
+    """mSGNHT with the first-order Euler integrator (mSGNHT-E, Li et al. 2016's baseline). Off
+    unless a config enables it: beside mSGNHT-S it separates what the thermostat gives from
+    what the splitting integrator gives (docs/RESULTS.md, session 53)."""
+
+    enabled: bool = False
 
 
 @dataclass
@@ -302,6 +319,7 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
         if options.get(name) is not None:
             setattr(sampler, name, kind(options[name]))
     sampler.grad_noise_estimate = bool(options.get("grad_noise_estimate", False))
+    sampler.grad_noise_friction = bool(options.get("grad_noise_friction", False))
     conflict = preconditioner_gamma_conflict(sampler.precondition_power, sampler.gamma)
     if conflict:
         raise ValueError(f"{ctx.sampler_path}: {conflict}")
@@ -317,12 +335,18 @@ def _cnnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -
 def _sghmc(options: Mapping[str, Any], lr: float, ctx: BuildContext) -> Sampler:
     friction = _friction(options, lr, ctx, SGHMC.order)
     estimate = bool(options.get("grad_noise_estimate", False))
-    return SGHMC(lr=lr, friction=friction, grad_noise_estimate=estimate)
+    noise_friction = bool(options.get("grad_noise_friction", False))
+    return SGHMC(
+        lr=lr, friction=friction, grad_noise_estimate=estimate, grad_noise_friction=noise_friction
+    )
 
 
-def _msgnht(options: Mapping[str, Any], lr: float, ctx: BuildContext) -> Sampler:
-    diffusion = _friction(options, lr, ctx, SGNHT.order)
-    return SGNHT(lr=lr, diffusion=diffusion, multivariate=True, integrator="splitting")
+def _msgnht(integrator: str) -> Builder:
+    def build(options: Mapping[str, Any], lr: float, ctx: BuildContext) -> Sampler:
+        diffusion = _friction(options, lr, ctx, SGNHT.order)
+        return SGNHT(lr=lr, diffusion=diffusion, multivariate=True, integrator=integrator)
+
+    return build
 
 
 def _csghmc(options: Mapping[str, Any], lr: float, ctx: BuildContext) -> Sampler:
@@ -435,7 +459,22 @@ METHODS: dict[str, MethodSpec] = {
             lambda o, lr, c: PSGLD(lr=lr, beta=o["beta"], lam=o["lam"]),
         ),
         MethodSpec("sghmc", "SGHMC", SGHMCMethod, SGHMC, _sghmc, tuned_options=(FRICTION,)),
-        MethodSpec("msgnht", "mSGNHT-S", SGNHTMethod, SGNHT, _msgnht, tuned_options=(FRICTION,)),
+        MethodSpec(
+            "msgnht",
+            "mSGNHT-S",
+            SGNHTMethod,
+            SGNHT,
+            _msgnht("splitting"),
+            tuned_options=(FRICTION,),
+        ),
+        MethodSpec(
+            "msgnht_euler",
+            "mSGNHT-E",
+            SGNHTEulerMethod,
+            SGNHT,
+            _msgnht("euler"),
+            tuned_options=(FRICTION,),
+        ),
         MethodSpec(
             "csgld",
             "cSGLD",
@@ -543,6 +582,12 @@ def _check_steps(key: str, section: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"methods.{key}: grad_noise_estimate_from turns the estimate on from a step; "
             "set grad_noise_estimate to false with it (true estimates for the whole run)"
+        )
+    estimating = section.get("grad_noise_estimate") or section.get("grad_noise_estimate_from")
+    if section.get("grad_noise_friction") and not estimating:
+        raise ConfigError(
+            f"methods.{key}.grad_noise_friction adds the gradient-noise estimate to the "
+            "friction: set grad_noise_estimate (or grad_noise_estimate_from) with it"
         )
 
 

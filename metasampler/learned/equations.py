@@ -42,6 +42,7 @@ class StepConfig:
     q_momentum: bool = True  # f_phiQ takes p_hat (else Q_f = f_phiQ(U): no Gamma_theta)
     q_stiffness: bool = False  # f_phiQ also takes the per-coordinate stiffness (constant in z)
     noise_correction: bool = False  # V known or estimated: subtract the gradient noise's heating
+    noise_friction: bool = False  # ... or dissipate it: D_f + eta Q_f^2 V / (2 T) (needs V)
     precondition: bool = False  # the curl is scaled by P(stiffness) (precondition_power > 0)
     q_output: str = "identity"  # f_phiQ's output transform ("softplus": Q_f >= 0)
     clamp_p: bool = False  # the nets' momentum input is clamped (momentum_input_clamp is set)
@@ -145,9 +146,15 @@ def nnsghmc_coefficients(
     cfg: StepConfig,
     cache: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
     stiffness: Tensor | None = None,
+    friction_var: Tensor | float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """``Q_f``, ``D_f``, ``Gamma_p`` and ``dQ_f/dp_hat`` at ``z`` from the net inputs
     (``stiffness``: ``(K, D)``, used when ``cfg.q_stiffness``).
+
+    ``friction_var`` ``V`` (the gradient's noise variance; ``None``: none) adds the diffusion
+    ``B = eta Q_f^2 V / 2`` the noisy gradient brings to the friction, ``D_f + B / T``: a term
+    ``alpha Q_f^2`` already has, so ``alpha`` grows by ``eta V / (2 T)`` per coordinate (times
+    ``eta`` in per-step units) and Gamma differentiates it with the rest.
 
     ``Gamma_p`` is exact (the nets' chain rule) or, for finite differences, from the previous
     step's ``cache = (u, Q_f(z~), p_hat, dQ_f/dp_hat(z~))`` (``None`` without history: no
@@ -159,7 +166,11 @@ def nnsghmc_coefficients(
     fd, dfd = coordinate_mlp(
         d_net, [u, p_in, g_hat], cfg.activation, cfg.d_output, (1,) if exact else ()
     )
-    d = v["alpha"] * q * q + v["s_d"] * fd + v["c"]
+    alpha = v["alpha"]
+    if friction_var is not None:  # (V is a constant of p: Gamma_p needs no term for it)
+        per_curl = v["eta"] * friction_var / (2.0 * v["temperature"])
+        alpha = alpha + (per_curl * v["eta"] if cfg.per_step else per_curl)
+    d = alpha * q * q + v["s_d"] * fd + v["c"]
     # dD_f/dD_raw: 1/eta in per-step units, 0 where the clamp binds (Gamma of the clamped D_f)
     factor = 1.0
     if cfg.per_step:
@@ -182,7 +193,7 @@ def nnsghmc_coefficients(
         return q, d, None, None
     dd_dph = v["s_d"] * dfd_dph
     if dq_dph is not None:
-        dd_dph = dd_dph + 2.0 * v["alpha"] * q * dq_dph
+        dd_dph = dd_dph + 2.0 * alpha * q * dq_dph
     dd_dph = factor * dd_dph
     return q, d, dq_du * du + dd_dph * v["inv_sp"], dq_dph
 
@@ -225,13 +236,15 @@ def nnsghmc_update(
     du = du * v["du_scale"]
     if cfg.detach:
         u, p_hat, g_hat = u.detach(), p_hat.detach(), g_hat.detach()
-    q, d, gamma_p, _ = nnsghmc_coefficients(
-        u, p_hat, g_hat, du, q_net, d_net, v, cfg, cache, stiffness
-    )
-    eta, temperature = v["eta"], v["temperature"]
     if noise_var is None:
         noise_var = v["grad_noise_var"]
     noise_var = noise_var if cfg.noise_correction else None
+    # (without noise, T = 0: no diffusion to dissipate)
+    friction_var = noise_var if cfg.noise_friction and noise is not None else None
+    q, d, gamma_p, _ = nnsghmc_coefficients(
+        u, p_hat, g_hat, du, q_net, d_net, v, cfg, cache, stiffness, friction_var
+    )
+    eta, temperature = v["eta"], v["temperature"]
     new_p = complete_recipe_momentum(p, grad, q, d, gamma_p, noise, eta, temperature, noise_var)
     new_p_hat = new_p * v["inv_sp"]
     if cfg.detach:

@@ -81,6 +81,7 @@ def _or_inf(bound: float | None) -> float:
 def step_config(sampler: Sampler, gamma: str, detach: bool) -> StepConfig:
     """The step's switches (``gamma``: the sampler's, or ``"none"`` at ``T = 0``; ``detach``:
     stop-gradient net inputs)."""
+    noise_correction = sampler.grad_noise_var > 0 or sampler.grad_noise_estimate
     return StepConfig(
         activation=sampler.f_q.activation,
         d_output=sampler.f_d.output,
@@ -93,6 +94,7 @@ def step_config(sampler: Sampler, gamma: str, detach: bool) -> StepConfig:
         detach=detach,
         q_momentum=sampler.q_momentum_input,
         q_stiffness=sampler.q_stiffness_input,
-        noise_correction=sampler.grad_noise_var > 0 or sampler.grad_noise_estimate,
+        noise_correction=noise_correction,
+        noise_friction=noise_correction and sampler.grad_noise_friction,
         precondition=sampler.preconditioned,
     )

@@ -50,7 +50,9 @@ Not in the SPEC: with a known gradient-noise variance ``V`` (``grad_noise_var``,
 the injected noise is ``N(0, 2 eta T D_f - eta^2 Q_f^2 V)``, because ``- eta Q_f grad Ũ``
 already carries ``eta^2 Q_f^2 V`` (SGHMC's ``B_hat``; docs/METHOD.md §3); with
 ``grad_noise_estimate`` ``V`` is each chain's running estimate per coordinate instead
-(:mod:`metasampler.gradient_noise`). Both off, the update is the SPEC's.
+(:mod:`metasampler.gradient_noise`). With ``grad_noise_friction`` the noise's diffusion
+``B = eta Q_f^2 V / 2`` joins the friction instead, ``D_f + B / T`` (and Gamma), and the injected
+noise stays ``N(0, 2 eta T D_f)``. All off, the update is the SPEC's.
 
 ``gamma`` chooses how the derivatives are obtained:
 
@@ -175,6 +177,12 @@ class NNSGHMC(nn.Module, Sampler):
                 from the two halves of its injected noise), its running mean over about 20
                 steps (:mod:`metasampler.gradient_noise`); replaces ``grad_noise_var``. Not
                 exported; settable as an attribute.
+            grad_noise_friction: where ``V`` is known or estimated, dissipate the gradient
+                noise's diffusion ``B = eta Q_f^2 V / 2`` as friction instead, ``D_f + B / T``,
+                so the injected noise stays ``2 eta T D_f`` however large ``B`` is (the
+                subtraction above injects nothing where ``B > T D_f`` and leaves those
+                coordinates hot; a thermostat raises its friction there). Not exported;
+                settable as an attribute.
             **arguments: the architecture and constants, the fields of
                 :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
                 attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).
@@ -196,6 +204,7 @@ class NNSGHMC(nn.Module, Sampler):
         schedule: Schedule | None = None,
         grad_noise_var: float = 0.0,
         grad_noise_estimate: bool = False,
+        grad_noise_friction: bool = False,
         **arguments: Any,
     ) -> None:
         nn.Module.__init__(self)
@@ -229,6 +238,7 @@ class NNSGHMC(nn.Module, Sampler):
             raise ValueError(f"grad_noise_var must be a finite number >= 0, got {grad_noise_var!r}")
         self.grad_noise_var = float(grad_noise_var)
         self.grad_noise_estimate = bool(grad_noise_estimate)
+        self.grad_noise_friction = bool(grad_noise_friction)
         # Not `self.compile`: that would shadow nn.Module.compile.
         self.use_compile = compile
         self.step_path = "auto"  # see `fast.PATHS`

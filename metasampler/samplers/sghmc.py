@@ -42,6 +42,10 @@ class SGHMC(Sampler):
             variance ``V`` (:mod:`metasampler.gradient_noise`; e.g.
             :class:`~metasampler.BayesianModel`, :class:`~metasampler.EnergyTarget`), so that
             the injected noise leaves out the ``eta^2 V`` the gradient's noise brings.
+        grad_noise_friction: while ``grad_noise_estimate`` is on, add the estimate to the friction
+            instead, ``C + B``, and inject ``N(0, 2 eta C T)``: the gradient's noise is then
+            dissipated where it exceeds ``C`` too (as a thermostat's friction rises with it),
+            rather than leaving those coordinates hot (docs/RESULTS.md, session 53).
         temperature, schedule: as for every sampler.
         momentum_init: ``"normal"`` draws ``p ~ N(0, T I)`` (the stationary law), ``"zeros"``
             starts at rest.
@@ -60,6 +64,7 @@ class SGHMC(Sampler):
         schedule: Schedule | None = None,
         momentum_init: str = "normal",
         grad_noise_estimate: bool = False,
+        grad_noise_friction: bool = False,
     ) -> None:
         super().__init__(eta=eta, lr=lr, temperature=temperature, schedule=schedule)
         if not (friction > 0 and math.isfinite(friction)):
@@ -75,6 +80,7 @@ class SGHMC(Sampler):
         self.noise_estimate = float(noise_estimate)
         self.momentum_init = momentum_init
         self.grad_noise_estimate = bool(grad_noise_estimate)
+        self.grad_noise_friction = bool(grad_noise_friction)
 
     def _init_extras(
         self, state: SamplerState, target: Target, generator: torch.Generator | None
@@ -88,11 +94,13 @@ class SGHMC(Sampler):
             target, state.theta, k, generator, estimate_noise=self.grad_noise_estimate
         )
         noise_var = update_noise_var(state.extras.get("noise_var"), ev, k)
-        noise_estimate = self.noise_estimate
+        noise_estimate, friction = self.noise_estimate, self.friction
         if noise_var is not None and temperature > 0:
             noise_estimate = (eta / (2.0 * temperature)) * noise_var
+            if self.grad_noise_friction:
+                friction = friction + noise_estimate
         theta, momentum = sghmc_step(
-            state.theta, state.momentum, ev.grad, eta, self.friction, noise_estimate,
+            state.theta, state.momentum, ev.grad, eta, friction, noise_estimate,
             temperature, generator,
         )  # fmt: skip
         extras = {} if noise_var is None else {"noise_var": noise_var}

@@ -365,6 +365,11 @@ def test_benchmark_config_rejects_unknown_keys_and_bad_values():
     with pytest.raises(ConfigError, match="set grad_noise_estimate to false"):
         load_benchmark_config(None, both)
     assert load_benchmark_config(None, both[:1]).methods.nnsghmc.grad_noise_estimate_from == 10
+    for key in ("nnsghmc", "sghmc"):  # the friction adds the estimate: it needs one
+        with pytest.raises(ConfigError, match=f"methods.{key}.grad_noise_friction"):
+            load_benchmark_config(None, [f"methods.{key}.grad_noise_friction=true"])
+        with_estimate = [f"methods.{key}.grad_noise_friction=true", both[0].replace("nnsghmc", key)]
+        assert getattr(load_benchmark_config(None, with_estimate).methods, key).grad_noise_friction
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "eval").glob("*.yaml")))

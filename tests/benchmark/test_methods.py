@@ -43,6 +43,20 @@ def test_friction_follows_the_step_of_the_registered_order():
     assert sghmc.friction == pytest.approx(0.02 / (0.04 / 100) ** 0.5)
 
 
+def test_msgnht_comes_with_both_integrators_and_the_euler_one_is_off_by_default():
+    built = {
+        key: build_method(key, {"momentum_decay": 0.02}, 0.04, n_data=100, n_steps=10)
+        for key in ("msgnht", "msgnht_euler")
+    }
+    assert {key: s.integrator for key, s in built.items()} == {
+        "msgnht": "splitting",
+        "msgnht_euler": "euler",
+    }
+    assert all(s.multivariate and s.diffusion == pytest.approx(1.0) for s in built.values())
+    cfg = load_benchmark_config(None)
+    assert cfg.methods.msgnht.enabled and not cfg.methods.msgnht_euler.enabled
+
+
 def test_section_checks_name_the_key():
     cfg = load_benchmark_config(None)
     with pytest.raises(ConfigError, match="methods.csgld.n_cycles"):

@@ -36,6 +36,11 @@ def test_noise_heat_predicts_the_momentum_temperature_of_a_noisy_sghmc(friction:
     _, measured_left = _excess_momentum_temperature(corrected, target)
     assert measured_left == pytest.approx(max(heat - 1.0, 0.0), abs=0.08)
     assert left == pytest.approx(measured_left, abs=0.08)  # what the script says stays
+    # Dissipated as friction instead (grad_noise_friction: C + B), the heat goes at any h
+    # (measured 0.022 and 0.017: the modified Euler step's O(eta (C + B)) at B = 0.4).
+    cooled = SGHMC(eta=eta, friction=friction, grad_noise_estimate=True, grad_noise_friction=True)
+    _, measured_cooled = _excess_momentum_temperature(cooled, target)
+    assert measured_cooled == pytest.approx(0.0, abs=0.05)
 
 
 def _excess_momentum_temperature(sampler, target) -> tuple[torch.Tensor, float]:

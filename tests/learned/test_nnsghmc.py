@@ -124,6 +124,64 @@ def test_estimated_gradient_noise_reduces_to_sghmc_with_the_estimate():
     assert (plain.theta - reference.theta).abs().max() > 1e-3  # the estimate is not a no-op
 
 
+def test_noise_friction_reduces_to_sghmc_with_the_estimate_as_friction():
+    # grad_noise_friction with Q_f = 1: D_f + eta V / (2 T) is SGHMC's C + B, and the injected
+    # noise 2 eta T (D_f + B / T) - eta^2 V is SGHMC's 2 eta C T: the same chains, step for
+    # step, with exact and finite-difference Gamma.
+    target = random_gaussian(dim=5).target(3.0)
+    init = torch.randn(10, 5, generator=torch.Generator().manual_seed(1))
+
+    def sghmc(friction: bool):
+        sampler = SGHMC(
+            eta=0.05, friction=0.7, grad_noise_estimate=True, grad_noise_friction=friction
+        )
+        return ms.sample(sampler, target, 10, 200, init=init, seed=3, progress=False).theta
+
+    reference = sghmc(True)
+    for gamma in ("exact", "finite_difference"):
+        sampler = NNSGHMC(
+            eta=0.05, beta_off=1.0, c=0.7, d_output_scale=0.0, gamma=gamma,
+            grad_noise_estimate=True, grad_noise_friction=True,
+        )  # fmt: skip
+        with torch.no_grad():
+            sampler.f_q.head.weight.zero_()
+            sampler.f_q.head.bias.zero_()
+        result = ms.sample(sampler, target, 10, 200, init=init, seed=3, progress=False)
+        torch.testing.assert_close(result.theta, reference, atol=1e-5, rtol=0)
+    assert (sghmc(False) - reference).abs().max() > 1e-2  # the friction is not a no-op
+
+
+@pytest.mark.slow
+def test_noise_friction_removes_the_heat_a_noise_correction_cannot():
+    # Gradient noise N(0, 36) brings the momentum more variance per step than 2 eta T D_f in
+    # most coordinates, so the correction (inject 2 eta T D_f - eta^2 Q_f^2 V, at least 0)
+    # leaves the chains twice as hot (measured variance ratio 1.98-2.00). Dissipating the
+    # noise's diffusion as friction cools them to 1.12-1.14 (exact and finite-difference
+    # Gamma; the rest is the noise reaching the nets' inputs and Gamma's dQ_f/dU term, as in
+    # the test above).
+    case = random_gaussian(dim=5)
+    target = case.target(6.0)
+    errors = {}
+    for gamma, friction in (("exact", False), ("exact", True), ("finite_difference", True)):
+        sampler = strongly_state_dependent(
+            gamma, eta=0.03, beta_off=1.0, c=0.2, grad_noise_estimate=True,
+            grad_noise_friction=friction,
+        )  # fmt: skip
+        kept = run_kept(sampler, target)
+
+        def check(kept=kept):
+            return check_moments(kept, case.mean, case.cov, mean_atol=0.05, var_rtol=0.2)
+
+        if friction:
+            check()
+        else:
+            must_fail(check, "the noise correction left the chains hot")
+        errors[gamma, friction] = moments(kept, case.mean, case.cov).max_var_error
+    assert errors["exact", False] > 5 * max(
+        errors["exact", True], errors["finite_difference", True]
+    )
+
+
 @pytest.mark.slow
 def test_known_or_estimated_gradient_noise_variance_removes_the_heating():
     # Gradient noise N(0, 4) adds eta^2 Q_f^2 V to the momentum's variance per step, which the
@@ -551,6 +609,10 @@ CURL_INPUTS = {
     "energy+speed limit": dict(q_momentum_input=False, speed_limit=0.7),
     # not a curl input: the injected noise less the estimated gradient noise's share
     "momentum+noise estimate": dict(q_momentum_input=True, grad_noise_estimate=True),
+    # ... or dissipated as friction, through alpha Q_f^2 (and Gamma's derivative of it)
+    "momentum+noise friction": dict(
+        q_momentum_input=True, grad_noise_estimate=True, grad_noise_friction=True
+    ),
 }
 
 
@@ -695,11 +757,12 @@ def test_compiled_training_configurations_do_not_share_a_recompile_budget(monkey
 # Each compiled case builds a package (~30 s on 2 cores), so the cases combine the options
 # that can go together: every curl input and option of CURL_INPUTS is in one of them.
 COMPILED_CASES = {
-    "momentum+softsign+clamped+noise estimate+per step": dict(
+    "momentum+softsign+clamped+noise friction+per step": dict(
         q_momentum_input=True,
         activation="softsign",
         momentum_input_clamp=0.8,
         grad_noise_estimate=True,
+        grad_noise_friction=True,  # (the estimate subtracted, and dissipated as friction)
         friction_units="per_step",  # (the shipped MNIST files': a scalar 1 / eta in the step)
     ),
     "momentum+positive+speed limit": CURL_INPUTS["momentum+speed limit"],
@@ -714,7 +777,7 @@ COMPILED_CASES = {
 #: background (:func:`background_builds`), so the five builds overlap on the cores instead
 #: of each waiting for the one before it (~180 s of the suite's time on 2 cores before).
 COMPILED_PARAMS = [
-    ((4,), "exact", "momentum+softsign+clamped+noise estimate+per step"),
+    ((4,), "exact", "momentum+softsign+clamped+noise friction+per step"),
     ((4,), "finite_difference", "momentum+positive+speed limit"),
     ((3, 3), "exact", "momentum+quadsat"),
     ((4,), "finite_difference", "energy"),
