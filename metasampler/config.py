@@ -78,6 +78,10 @@ SamplerConfig = make_dataclass(
         # target draws each gradient's noise from (NNSGHMC(grad_noise_estimate=True)); not
         # stored in the exported sampler
         ("grad_noise_estimate", bool, field(default=False)),
+        # with a variance known or estimated: dissipate the gradient noise's diffusion as
+        # friction instead (NNSGHMC(grad_noise_friction=True)); not stored in the exported
+        # sampler
+        ("grad_noise_friction", bool, field(default=False)),
     ],
     namespace={"__doc__": "NNSGHMC architecture and constants (see :class:`NNSGHMCArgs`)."},
 )

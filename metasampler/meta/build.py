@@ -17,9 +17,10 @@ def build_sampler(cfg: Any, seed: int = 0) -> NNSGHMC:
     args = NNSGHMCArgs.from_config(cfg)
     noise_var = float(cfg.get("grad_noise_var", 0.0))  # (configs older than the keys)
     estimate = bool(cfg.get("grad_noise_estimate", False))
+    friction = bool(cfg.get("grad_noise_friction", False))
     return NNSGHMC(
         eta=cfg.eta, lr=cfg.lr, seed=seed, grad_noise_var=noise_var,
-        grad_noise_estimate=estimate, **args.as_kwargs(),
+        grad_noise_estimate=estimate, grad_noise_friction=friction, **args.as_kwargs(),
     )  # fmt: skip
 
 

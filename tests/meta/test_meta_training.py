@@ -211,6 +211,7 @@ def test_config_passes_the_new_sampler_constants_to_the_sampler():
         "sampler.friction_units=per_step",
         "sampler.grad_noise_var=1.0",
         "sampler.grad_noise_estimate=true",
+        "sampler.grad_noise_friction=true",
     ]
     sampler = build_sampler(load_config(None, overrides).sampler)
     assert (sampler.d_clamp, sampler.grad_input, sampler.friction_units) == (
@@ -219,6 +220,7 @@ def test_config_passes_the_new_sampler_constants_to_the_sampler():
         "per_step",
     )
     assert sampler.grad_noise_var == 1.0 and sampler.grad_noise_estimate
+    assert sampler.grad_noise_friction
     default = build_sampler(load_config(None, []).sampler)
     assert (default.d_clamp, default.grad_input, default.friction_units) == (
         None,
@@ -226,6 +228,7 @@ def test_config_passes_the_new_sampler_constants_to_the_sampler():
         "absolute",
     )
     assert default.grad_noise_var == 0.0 and not default.grad_noise_estimate
+    assert not default.grad_noise_friction
 
 
 def test_cli_fails_before_work_on_a_bad_config(tmp_path):
