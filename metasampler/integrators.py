@@ -22,6 +22,7 @@ __all__ = [
     "complete_recipe_momentum",
     "complete_recipe_position",
     "gaussian_like",
+    "gradient_noise_diffusion",
     "langevin_step",
     "sghmc_step",
     "thermostat_euler_step",
@@ -51,6 +52,17 @@ def langevin_step(
         std = (2.0 * eta * temperature * preconditioner) ** 0.5
         new = new + gaussian_like(theta, generator, std)
     return new
+
+
+def gradient_noise_diffusion(
+    eta: float | Tensor, noise_var: float | Tensor, temperature: float | Tensor
+) -> float | Tensor:
+    """``B / T = eta V / (2 T)``: a gradient with noise variance ``V`` taken with step ``eta``
+    adds ``eta^2 V`` to the momentum's variance per step, the diffusion ``B`` (Chen et al.
+    2014's ``B_hat``), at temperature ``T``, per unit curl squared. A sampler either leaves
+    ``B`` out of its injected noise (it must stay below the friction) or adds ``B / T`` to its
+    friction (``grad_noise_friction``), so that ``B`` is dissipated whatever its size."""
+    return eta * noise_var / (2.0 * temperature)
 
 
 def sghmc_step(

@@ -14,7 +14,11 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..integrators import complete_recipe_momentum, complete_recipe_position
+from ..integrators import (
+    complete_recipe_momentum,
+    complete_recipe_position,
+    gradient_noise_diffusion,
+)
 from .nets import NetParams, coordinate_mlp
 
 __all__ = ["SCALARS", "StepArgs", "StepConfig", "nnsghmc_coefficients", "nnsghmc_update"]
@@ -168,7 +172,7 @@ def nnsghmc_coefficients(
     )
     alpha = v["alpha"]
     if friction_var is not None:  # (V is a constant of p: Gamma_p needs no term for it)
-        per_curl = v["eta"] * friction_var / (2.0 * v["temperature"])
+        per_curl = gradient_noise_diffusion(v["eta"], friction_var, v["temperature"])
         alpha = alpha + (per_curl * v["eta"] if cfg.per_step else per_curl)
     d = alpha * q * q + v["s_d"] * fd + v["c"]
     # dD_f/dD_raw: 1/eta in per-step units, 0 where the clamp binds (Gamma of the clamped D_f)

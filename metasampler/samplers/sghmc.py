@@ -21,7 +21,7 @@ import math
 import torch
 
 from ..gradient_noise import update_noise_var
-from ..integrators import gaussian_like, sghmc_step
+from ..integrators import gaussian_like, gradient_noise_diffusion, sghmc_step
 from ..schedules import Schedule
 from ..targets import Target
 from .base import Sampler, SamplerState
@@ -96,7 +96,7 @@ class SGHMC(Sampler):
         noise_var = update_noise_var(state.extras.get("noise_var"), ev, k)
         noise_estimate, friction = self.noise_estimate, self.friction
         if noise_var is not None and temperature > 0:
-            noise_estimate = (eta / (2.0 * temperature)) * noise_var
+            noise_estimate = gradient_noise_diffusion(eta, noise_var, temperature)
             if self.grad_noise_friction:
                 friction = friction + noise_estimate
         theta, momentum = sghmc_step(
