@@ -181,8 +181,10 @@ class NNSGHMC(nn.Module, Sampler):
                 noise's diffusion ``B = eta Q_f^2 V / 2`` as friction instead, ``D_f + B / T``,
                 so the injected noise stays ``2 eta T D_f`` however large ``B`` is (the
                 subtraction above injects nothing where ``B > T D_f`` and leaves those
-                coordinates hot; a thermostat raises its friction there). Not exported;
-                settable as an attribute.
+                coordinates hot; a thermostat raises its friction there). The modified Euler
+                step multiplies the momentum by ``1 - eta D_f``, so where ``eta B / T`` nears 2
+                per step (a large ``V`` at a large step) it overshoots and the chain diverges
+                (docs/RESULTS.md, session 53). Not exported; settable as an attribute.
             **arguments: the architecture and constants, the fields of
                 :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
                 attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).

@@ -45,7 +45,9 @@ class SGHMC(Sampler):
         grad_noise_friction: while ``grad_noise_estimate`` is on, add the estimate to the friction
             instead, ``C + B``, and inject ``N(0, 2 eta C T)``: the gradient's noise is then
             dissipated where it exceeds ``C`` too (as a thermostat's friction rises with it),
-            rather than leaving those coordinates hot (docs/RESULTS.md, session 53).
+            rather than leaving those coordinates hot. The step multiplies the momentum by
+            ``1 - eta (C + B)``: where that friction per step nears 2 (a large ``V`` at a large
+            step) it overshoots and the chain diverges (docs/RESULTS.md, session 53).
         temperature, schedule: as for every sampler.
         momentum_init: ``"normal"`` draws ``p ~ N(0, T I)`` (the stationary law), ``"zeros"``
             starts at rest.
