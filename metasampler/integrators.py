@@ -70,14 +70,14 @@ def sghmc_step(
     momentum: Tensor,
     grad: Tensor,
     eta: float,
-    friction: float,
+    friction: float | Tensor,
     noise_estimate: float | Tensor,
     temperature: float,
     generator: torch.Generator | None,
 ) -> tuple[Tensor, Tensor]:
     """Modified Euler for SGHMC:
     ``p <- (1 - eta*C) p - eta*grad + N(0, 2*eta*(C - B)*T)``; ``theta <- theta + eta*p``;
-    ``B`` a number or per coordinate (where ``B > C`` no noise is injected)."""
+    ``C`` and ``B`` numbers or per coordinate (where ``B > C`` no noise is injected)."""
     new_p = (1.0 - eta * friction) * momentum - eta * grad
     if temperature > 0:
         variance = 2.0 * eta * (friction - noise_estimate) * temperature
