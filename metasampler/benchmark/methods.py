@@ -583,6 +583,9 @@ def _check_steps(key: str, section: Mapping[str, Any]) -> None:
             f"methods.{key}: grad_noise_estimate_from turns the estimate on from a step; "
             "set grad_noise_estimate to false with it (true estimates for the whole run)"
         )
+
+
+def _check_noise_friction(key: str, section: Mapping[str, Any]) -> None:
     estimating = section.get("grad_noise_estimate") or section.get("grad_noise_estimate_from")
     if section.get("grad_noise_friction") and not estimating:
         raise ConfigError(
@@ -685,6 +688,7 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
             f"budget.n_steps or tune.n_steps), got {section['n_cycles']!r}"
         )
     _check_steps(key, section)
+    _check_noise_friction(key, section)
     alpha = section.get("alpha_per_step")
     if alpha is not None and not (alpha >= 0 and math.isfinite(alpha)):
         raise ConfigError(
