@@ -92,7 +92,7 @@ class _Stop(Exception):
 
 def _sampler_path(cfg, option: str | None) -> str | None:
     """The NNSGHMC file, validated before any work (``None`` when no enabled method uses one)."""
-    from metasampler.benchmark.methods import preconditioner_gamma_conflict, uses_sampler_file
+    from metasampler.benchmark.methods import gamma_conflict, uses_sampler_file
     from metasampler.export import SamplerFileError, load_sampler
 
     learned = [k for k in cfg.methods if uses_sampler_file(k) and cfg.methods[k].enabled]
@@ -117,11 +117,11 @@ def _sampler_path(cfg, option: str | None) -> str | None:
         raise _Stop(str(err)) from None
     except ValueError as err:  # e.g. no step given and none stored in the file
         raise _Stop(f"{sampler_path}: {err}") from None
-    for key in learned:  # the file's own Gamma with a preconditioner set on it
+    for key in learned:  # the file's own Gamma with a preconditioner or thermostat set on it
         section = cfg.methods[key]
         power = section.precondition_power
         power = sampler.precondition_power if power is None else power
-        conflict = preconditioner_gamma_conflict(power, section.gamma or sampler.gamma)
+        conflict = gamma_conflict(power, section.thermostat, section.gamma or sampler.gamma)
         if conflict:
             raise _Stop(f"{sampler_path} (the file's Gamma), methods.{key}: {conflict}")
     return sampler_path

@@ -26,6 +26,9 @@ __all__ = [
     "langevin_step",
     "sghmc_step",
     "thermostat_euler_step",
+    "thermostat_feedback",
+    "thermostat_friction",
+    "thermostat_half_flow",
     "thermostat_splitting_step",
 ]
 
@@ -136,12 +139,42 @@ def complete_recipe_position(
     return new_theta
 
 
-def _thermostat_update(momentum: Tensor, temperature: float, multivariate: bool) -> Tensor:
-    """``p*p - T`` per coordinate (mSGNHT) or its mean per chain (scalar SGNHT)."""
+def thermostat_feedback(
+    xi: Tensor, momentum: Tensor, h: float, temperature: float, multivariate: bool = True
+) -> Tensor:
+    """The thermostat's own flow for a time ``h``: ``xi + h (p*p - T)`` per coordinate
+    (mSGNHT) or with ``p*p`` averaged over each chain's coordinates (scalar SGNHT). It is the
+    feedback that raises the friction where the momentum runs hot, whatever heats it."""
     kinetic = momentum * momentum
     if not multivariate:
         kinetic = kinetic.mean(dim=1, keepdim=True).expand_as(momentum)
-    return kinetic - temperature
+    return xi + h * (kinetic - temperature)
+
+
+def thermostat_friction(momentum: Tensor, xi: Tensor, h: float) -> Tensor:
+    """The momentum under the thermostat's friction alone for a time ``h``, solved exactly:
+    ``p exp(-xi h)``."""
+    return momentum * torch.exp(-h * xi)
+
+
+def thermostat_half_flow(
+    momentum: Tensor,
+    xi: Tensor,
+    h: float,
+    temperature: float,
+    before: bool,
+    multivariate: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """The thermostat's flow for a time ``h / 2`` on one side of another step (Strang
+    splitting): ``before`` it the feedback then the friction, after it the reverse, so that
+    the two halves mirror each other. Returns ``(p, xi)``."""
+    half = 0.5 * h
+    if before:
+        xi = thermostat_feedback(xi, momentum, half, temperature, multivariate)
+    momentum = thermostat_friction(momentum, xi, half)
+    if not before:
+        xi = thermostat_feedback(xi, momentum, half, temperature, multivariate)
+    return momentum, xi
 
 
 def thermostat_euler_step(
@@ -168,7 +201,7 @@ def thermostat_euler_step(
         momentum = momentum + gaussian_like(
             momentum, generator, math.sqrt(2 * diffusion * h * temperature)
         )
-    xi = xi + h * _thermostat_update(momentum, temperature, multivariate)
+    xi = thermostat_feedback(xi, momentum, h, temperature, multivariate)
     return theta, momentum, xi
 
 
@@ -188,20 +221,13 @@ def thermostat_splitting_step(
     A: ``theta += p h/2``, ``xi += (p*p - T) h/2``; B: ``p *= exp(-xi h/2)``;
     O: ``p += -grad U(theta) h + sqrt(2 A h T) N(0, 1)``; B; A.
     """
-    half = 0.5 * h
-
-    def a_step(theta: Tensor, momentum: Tensor, xi: Tensor) -> tuple[Tensor, Tensor]:
-        return theta + half * momentum, xi + half * _thermostat_update(
-            momentum, temperature, multivariate
-        )
-
-    theta, xi = a_step(theta, momentum, xi)
-    momentum = momentum * torch.exp(-half * xi)
+    theta = theta + 0.5 * h * momentum  # (A's two halves commute: both read p alone)
+    momentum, xi = thermostat_half_flow(momentum, xi, h, temperature, True, multivariate)
     momentum = momentum - h * grad_fn(theta)
     if temperature > 0 and diffusion > 0:
         momentum = momentum + gaussian_like(
             momentum, generator, math.sqrt(2 * diffusion * h * temperature)
         )
-    momentum = momentum * torch.exp(-half * xi)
-    theta, xi = a_step(theta, momentum, xi)
+    momentum, xi = thermostat_half_flow(momentum, xi, h, temperature, False, multivariate)
+    theta = theta + 0.5 * h * momentum
     return theta, momentum, xi

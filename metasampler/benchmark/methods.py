@@ -137,6 +137,11 @@ class NNSGHMCMethod(MethodGrid):
     # exceeds the learned friction are cooled rather than left hot (the sampler's
     # `grad_noise_friction`; docs/RESULTS.md, session 53).
     grad_noise_friction: bool = False
+    # A Nosé–Hoover thermostat per coordinate around the learned step (the sampler's
+    # `thermostat`: mSGNHT's feedback on the momentum's temperature, which takes out the heat of
+    # the gradient noise and of the discretisation; needs gamma exact; docs/RESULTS.md,
+    # session 54).
+    thermostat: bool = False
 
 
 @dataclass
@@ -292,13 +297,21 @@ _FILE_CONSTANTS = {
 }
 
 
-def preconditioner_gamma_conflict(power: float, gamma: str | None) -> str | None:
-    """Why a curl preconditioner ``power`` cannot run with Gamma mode ``gamma``, or ``None``
-    (the one rule behind the config check, the builder and ``evaluate.py``'s pre-flight)."""
-    if power > 0 and gamma == "finite_difference":
+def gamma_conflict(power: float, thermostat: bool, gamma: str | None) -> str | None:
+    """Why a curl preconditioner ``power`` or a thermostat cannot run with Gamma mode
+    ``gamma``, or ``None`` (the one rule behind the config check, the builder and
+    ``evaluate.py``'s pre-flight)."""
+    if gamma != "finite_difference":
+        return None
+    if power > 0:
         return (
             f"precondition_power {power} needs exact Gamma, not finite_difference (the secant "
             "in U would see the stiffness change between steps): set gamma=exact"
+        )
+    if thermostat:
+        return (
+            "thermostat needs exact Gamma, not finite_difference (the thermostat moves the "
+            "momentum between steps, which the secants assume fixed): set gamma=exact"
         )
     return None
 
@@ -320,7 +333,8 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
             setattr(sampler, name, kind(options[name]))
     sampler.grad_noise_estimate = bool(options.get("grad_noise_estimate", False))
     sampler.grad_noise_friction = bool(options.get("grad_noise_friction", False))
-    conflict = preconditioner_gamma_conflict(sampler.precondition_power, sampler.gamma)
+    sampler.thermostat = bool(options.get("thermostat", False))
+    conflict = gamma_conflict(sampler.precondition_power, sampler.thermostat, sampler.gamma)
     if conflict:
         raise ValueError(f"{ctx.sampler_path}: {conflict}")
     return sampler
@@ -674,8 +688,10 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
         value = section.get(name)
         if value is not None and not (value >= 0 and math.isfinite(value)):
             raise ConfigError(f"methods.{key}.{name} must be a finite number >= 0, got {value!r}")
-    conflict = preconditioner_gamma_conflict(
-        section.get("precondition_power") or 0, section.get("gamma")
+    conflict = gamma_conflict(
+        section.get("precondition_power") or 0,
+        bool(section.get("thermostat")),
+        section.get("gamma"),
     )
     if conflict:
         raise ConfigError(f"methods.{key}: {conflict}")

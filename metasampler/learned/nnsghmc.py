@@ -52,7 +52,18 @@ already carries ``eta^2 Q_f^2 V`` (SGHMC's ``B_hat``; docs/METHOD.md §3); with
 ``grad_noise_estimate`` ``V`` is each chain's running estimate per coordinate instead
 (:mod:`metasampler.gradient_noise`). With ``grad_noise_friction`` the noise's diffusion
 ``B = eta Q_f^2 V / 2`` joins the friction instead, ``D_f + B / T`` (and Gamma), and the injected
-noise stays ``N(0, 2 eta T D_f)``. All off, the update is the SPEC's.
+noise stays ``N(0, 2 eta T D_f)``. With ``thermostat`` each coordinate also carries a
+Nosé–Hoover thermostat ``xi`` (mSGNHT's, Ding et al. 2014), a third block of the state with
+``H = U + p.p / 2 + xi.xi / 2`` and the curl ``Q_(p_i, xi_i) = p_i = -Q_(xi_i, p_i)``, which adds
+``dp = -xi p dt`` and ``d xi = (p p - T) dt`` (Gamma's ``xi`` entry is the ``-T``): the complete
+recipe admits it (Ma, Chen & Fox 2015), and it absorbs the heat of the gradient noise
+wherever it appears. Its flow is split around the step above: ``p *= exp(-eta xi / 2)``, the
+step, ``p *= exp(-eta xi / 2)``, ``xi += eta (p_bar p_bar - T)`` with ``p_bar`` the mean of
+the momenta entering and leaving the step. Not ``p`` itself: the modified Euler step keeps
+its positions at ``T`` while its momentum runs hot by ``1 / (1 - eta D_f / 2)`` (the friction's
+Euler factor), and a thermostat on ``p`` cooled the positions by as much (variance 0.87 at
+``eta D_f = 0.3`` on a Gaussian); ``p_bar``'s second moment is ``T`` for the friction's step
+exactly. All off, the update is the SPEC's.
 
 ``gamma`` chooses how the derivatives are obtained:
 
@@ -84,7 +95,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..integrators import gaussian_like
+from ..integrators import gaussian_like, thermostat_feedback, thermostat_friction
 from ..nnsghmc_args import (
     CONSTANTS,
     FRICTION_UNITS,
@@ -122,6 +133,14 @@ _REPR_FIELDS = (
     "gamma", "beta_off", "alpha", "c", "q_clamp", "d_output_scale", "d_clamp",
     "momentum_input_clamp", "speed_limit", "grad_input", "friction_units",
 )  # fmt: skip
+
+
+def _check_thermostat(thermostat: bool, gamma: str) -> None:
+    if thermostat and gamma == "finite_difference":
+        raise ValueError(
+            "NNSGHMC(thermostat=True) needs gamma='exact' (or 'none'): the thermostat moves "
+            "the momentum between steps, which the finite-difference secants assume fixed"
+        )
 
 
 class _UnitTarget:
@@ -185,6 +204,15 @@ class NNSGHMC(nn.Module, Sampler):
                 step multiplies the momentum by ``1 - eta D_f``, so where ``eta B / T`` nears 2
                 per step (a large ``V`` at a large step) it overshoots and the chain diverges
                 (docs/RESULTS.md, session 53). Not exported; settable as an attribute.
+            thermostat: give every coordinate a Nosé–Hoover thermostat ``xi`` (starting at 0,
+                in ``state.extras["xi"]``) whose friction ``xi`` rises where the momentum runs
+                hotter than ``T`` and falls where it runs colder, so that heat from gradient
+                noise or from the step's discretisation is taken out without knowing ``V``
+                (mSGNHT's feedback around the learned dynamics; the equations above). Frozen
+                while ``T = 0``. Needs ``gamma="exact"`` (or ``"none"``): the thermostat's
+                friction moves ``p`` between steps, and the finite-difference secant in ``U``
+                takes the previous step's ``Q_f`` as one at the same ``p``. Not exported;
+                settable as an attribute (checked at each step).
             **arguments: the architecture and constants, the fields of
                 :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
                 attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).
@@ -207,6 +235,7 @@ class NNSGHMC(nn.Module, Sampler):
         grad_noise_var: float = 0.0,
         grad_noise_estimate: bool = False,
         grad_noise_friction: bool = False,
+        thermostat: bool = False,
         **arguments: Any,
     ) -> None:
         nn.Module.__init__(self)
@@ -224,6 +253,7 @@ class NNSGHMC(nn.Module, Sampler):
                     f"{name} needs gamma='exact' (or 'none'): the finite-difference secant "
                     "in U would also see the stiffness change between steps"
                 )
+        _check_thermostat(thermostat, args.gamma)
         # (U, p_i) or U alone, and the stiffness s_i
         q_inputs = 1 + args.q_momentum_input + args.q_stiffness_input
         self.q_momentum_input = args.q_momentum_input
@@ -241,6 +271,7 @@ class NNSGHMC(nn.Module, Sampler):
         self.grad_noise_var = float(grad_noise_var)
         self.grad_noise_estimate = bool(grad_noise_estimate)
         self.grad_noise_friction = bool(grad_noise_friction)
+        self.thermostat = bool(thermostat)
         # Not `self.compile`: that would shadow nn.Module.compile.
         self.use_compile = compile
         self.step_path = "auto"  # see `fast.PATHS`
@@ -388,9 +419,10 @@ class NNSGHMC(nn.Module, Sampler):
         with aot.leaving_a_core_to_builds():
             ev = self.evaluate(target, state.theta, k, generator, second_order, estimate)
         u, prior_grad = self._energy_input(ev, target)
-        p = state.momentum
-        gamma = self.gamma if temperature > 0 else "none"
         extras = state.extras
+        xi = self._thermostat_state(state.momentum, extras)
+        p = state.momentum if xi is None else thermostat_friction(state.momentum, xi, 0.5 * eta)
+        gamma = self.gamma if temperature > 0 else "none"
         cache = None
         if gamma == "finite_difference" and "q_tilde" in extras:
             cache = (extras["u"], extras["q_tilde"], extras["p_hat"], extras["dq_dph"])
@@ -421,7 +453,21 @@ class NNSGHMC(nn.Module, Sampler):
         if new_cache is not None:
             extras = dict(zip(("u", "q_tilde", "p_hat", "dq_dph"), new_cache, strict=True))
         extras.update(chain_stats)
+        if xi is not None:  # (the friction half with the same xi as before the step)
+            if temperature > 0:  # (xi measures the mean momentum of the step: see above)
+                extras["xi"] = thermostat_feedback(xi, 0.5 * (p + new_p), eta, temperature)
+            else:
+                extras["xi"] = xi
+            new_p = thermostat_friction(new_p, xi, 0.5 * eta)
         return SamplerState(new_theta, new_p, extras, state.step, state.eta, ev.energy, ev.grad)
+
+    def _thermostat_state(self, p: Tensor, extras: Mapping[str, Tensor]) -> Tensor | None:
+        """The chains' thermostat ``xi`` (0 at first); ``None`` without a thermostat."""
+        if not self.thermostat:
+            return None
+        _check_thermostat(True, self.gamma)
+        xi = extras.get("xi")
+        return torch.zeros_like(p) if xi is None else xi
 
     # -- input statistics -------------------------------------------------------------------
     #: Measure input statistics by running this (e.g. untrained) sampler briefly

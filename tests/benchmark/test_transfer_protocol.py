@@ -570,6 +570,41 @@ def test_the_curls_preconditioner_can_be_set_for_a_file_and_needs_exact_gamma(tm
             load_benchmark_config(None, overrides)
 
 
+def test_the_thermostat_can_be_set_for_a_file_and_needs_exact_gamma(tmp_path):
+    """``methods.nnsghmc.thermostat`` puts a thermostat around a file's learned step (its
+    ``xi`` then travels in the chains' state); a config error or a build error with
+    finite-difference Gamma, whichever says so first."""
+    path = tmp_path / "s.safetensors"
+    _nnsghmc(c=0.3, friction_units="per_step").save(str(path))
+    built = {
+        on: build_method(
+            "nnsghmc",
+            {"thermostat": on, "gamma": "exact"},
+            0.02,
+            n_data=120,
+            n_steps=10,
+            sampler_path=path,
+        )  # fmt: skip
+        for on in (False, True)
+    }
+    target = EnergyTarget(lambda x: 0.5 * (x**2).sum(-1), dim=3)
+    for on, sampler in built.items():
+        state = sampler.step(sampler.init(torch.zeros(2, 3), target), target)
+        assert ("xi" in state.extras) == on == sampler.thermostat
+    with pytest.raises(ValueError, match="thermostat needs exact Gamma"):
+        build_method(
+            "nnsghmc", {"thermostat": True, "gamma": "finite_difference"}, 0.02,
+            n_data=120, n_steps=10, sampler_path=path,
+        )  # fmt: skip
+    with pytest.raises(ConfigError, match="thermostat needs exact Gamma"):
+        load_benchmark_config(
+            None, ["methods.nnsghmc.thermostat=true", "methods.nnsghmc.gamma=finite_difference"]
+        )
+    assert load_benchmark_config(
+        None, ["methods.nnsghmc.thermostat=true"]
+    ).methods.nnsghmc.thermostat
+
+
 def test_the_statistics_freeze_can_be_set_for_a_file(tmp_path):
     """``methods.nnsghmc.stiffness_freeze_after`` sets the step after which a loaded
     sampler's gradient statistic stops adapting (null keeps the file's); it must be a whole

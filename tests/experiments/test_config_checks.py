@@ -168,9 +168,17 @@ def test_evaluate_cli_rejects_out_dir_that_is_a_file(tmp_path, sampler_between_o
     assert blocker.read_text() == "not a directory"
 
 
-def test_evaluate_cli_rejects_a_preconditioner_on_a_finite_difference_file(tmp_path):
-    """``methods.nnsghmc.precondition_power`` on a file whose stored Gamma is finite
-    differences stops before any work, naming the option to set (not a traceback mid-run)."""
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [("precondition_power=0.5", "precondition_power 0.5 needs exact Gamma"),
+     ("thermostat=true", "thermostat needs exact Gamma")],
+)  # fmt: skip
+def test_evaluate_cli_rejects_an_exact_gamma_option_on_a_finite_difference_file(
+    tmp_path, option, message
+):
+    """``methods.nnsghmc.precondition_power`` or ``thermostat`` on a file whose stored Gamma is
+    finite differences stops before any work, naming the option to set (not a traceback
+    mid-run)."""
     from metasampler.learned import NNSGHMC
 
     path = tmp_path / "fd.safetensors"
@@ -180,11 +188,11 @@ def test_evaluate_cli_rejects_a_preconditioner_on_a_finite_difference_file(tmp_p
             sys.executable, str(ROOT / "evaluate.py"),
             "--config", str(ROOT / "configs" / "eval" / "quick.yaml"),
             "--sampler", str(path), f"out_dir={tmp_path / 'out'}",
-            "methods.nnsghmc.precondition_power=0.5",
+            f"methods.nnsghmc.{option}",
         ],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
-    assert "methods.nnsghmc: precondition_power 0.5 needs exact Gamma" in proc.stderr
+    assert f"methods.nnsghmc: {message}" in proc.stderr
     assert "set gamma=exact" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()

@@ -183,6 +183,76 @@ def test_noise_friction_removes_the_heat_a_noise_correction_cannot():
 
 
 @pytest.mark.slow
+def test_a_thermostat_removes_unknown_gradient_noise_heat_and_gamma_is_still_needed():
+    # Gradient noise N(0, 36), not told to the sampler: state-dependent nets run 2.6 times too
+    # hot. The thermostat's feedback takes the heat out without knowing V (measured variance
+    # ratio 1.08-1.10: the noise also reaches the nets' inputs); without noise it leaves the
+    # target in place (0.99-1.01), and without Gamma the chains stay biased (mean 33 standard
+    # errors off, variances 0.87-0.89).
+    case = random_gaussian(dim=5)
+    runs = {  # gamma, gradient noise, thermostat, variance tolerance (None: must fail)
+        "noisy, no thermostat": ("exact", 6.0, False, None),
+        "noisy, thermostat": ("exact", 6.0, True, 0.15),
+        "thermostat": ("exact", 0.0, True, 0.05),
+        "thermostat, no Gamma": ("none", 0.0, True, None),
+    }
+    for name, (gamma, noise, thermostat, var_rtol) in runs.items():
+        sampler = strongly_state_dependent(
+            gamma, eta=0.03, beta_off=1.0, c=0.2, thermostat=thermostat
+        )
+        kept = run_kept(sampler, case.target(noise))
+
+        def check(kept=kept, var_rtol=var_rtol or 0.15):
+            return check_moments(kept, case.mean, case.cov, mean_atol=0.05, var_rtol=var_rtol)
+
+        check() if var_rtol else must_fail(check, f"{name}: the chains must be off")
+
+
+@pytest.mark.parametrize("friction_per_step", [0.3, 1.5])
+def test_the_thermostat_keeps_the_positions_at_t_at_a_large_friction_per_step(friction_per_step):
+    # The modified Euler step's momentum runs hot by 1 / (1 - eta D / 2) while its positions
+    # stay at T (measured position variance 1.000 and 1.032 without a thermostat). A thermostat
+    # on p itself cooled the positions to 0.876 (and heated them to 1.32 at 1.5); on the mean
+    # of the momenta entering and leaving the step they stay where the step puts them
+    # (measured 0.999 and 1.039).
+    target = ms.EnergyTarget(lambda x: 0.5 * (x**2).sum(-1), dim=4)
+    sampler = NNSGHMC(
+        eta=0.1, beta_off=1.0, alpha=0.0, c=friction_per_step / 0.1, d_output_scale=0.0,
+        thermostat=True, compile=False,
+    )  # fmt: skip
+    with torch.no_grad():  # Q_f = 1: SGHMC with a thermostat
+        sampler.f_q.head.weight.zero_()
+        sampler.f_q.head.bias.zero_()
+    kept = ms.sample(
+        sampler, target, 500, 1500, burn_in=500, thin=10, seed=0, progress=False,
+        init=torch.zeros(500, 4),
+    ).theta  # fmt: skip
+    assert abs(kept.var().item() - 1.0) < 0.06
+
+
+def test_the_thermostat_refuses_finite_difference_gamma_and_carries_its_state():
+    with pytest.raises(ValueError, match="thermostat=True.*exact"):
+        NNSGHMC(eta=0.03, gamma="finite_difference", thermostat=True)
+    sampler = NNSGHMC(eta=0.03, gamma="finite_difference")
+    sampler.thermostat = True  # (set on a loaded sampler: checked at the step)
+    target = random_gaussian(dim=3).target()
+    with pytest.raises(ValueError, match="thermostat=True.*exact"):
+        ms.sample(sampler, target, 4, 2, progress=False)
+    # xi starts at 0 and rises where the momentum is hotter than T; its friction slows p
+    momenta = {}
+    for thermostat in (False, True):
+        sampler = NNSGHMC(eta=0.03, thermostat=thermostat, compile=False)
+        state = sampler.init(torch.zeros(4, 3), target)
+        state.momentum = torch.full((4, 3), 3.0)
+        generator = torch.Generator().manual_seed(0)
+        state = sampler.step(state, target, generator)
+        if thermostat:
+            assert (state.extras["xi"] > 0).all()
+        momenta[thermostat] = sampler.step(state, target, generator).momentum
+    assert (momenta[True].abs() < momenta[False].abs()).all()
+
+
+@pytest.mark.slow
 def test_known_or_estimated_gradient_noise_variance_removes_the_heating():
     # Gradient noise N(0, 4) adds eta^2 Q_f^2 V to the momentum's variance per step, which the
     # friction does not balance: state-dependent nets run about 26 % hot (measured 1.26-1.27,
