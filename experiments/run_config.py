@@ -27,6 +27,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from metasampler.benchmark.methods import gamma_conflict
 from metasampler.config import (
     ConfigError,
     PoolSpan,
@@ -244,6 +245,10 @@ def _validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} must be one of {', '.join(_COVARIANCES)}, got {get(key)!r}")
     for section in ("task", "eval.task"):
         _check_spectrum(section, get(f"{section}.eig_range"), get(f"{section}.eig_spacing"))
+    gamma = getattr(cfg.sampler.gamma, "value", cfg.sampler.gamma)
+    conflict = gamma_conflict(0.0, cfg.sampler.thermostat, gamma)
+    if conflict:
+        raise ConfigError(f"sampler: {conflict}")
     try:
         check_train_activations(cfg.task.kind, cfg.task.train_activations)
     except ValueError as err:

@@ -73,7 +73,10 @@ def test_invalid_values_are_refused_naming_the_argument(name, bad):
 def test_the_config_schema_has_the_config_arguments_with_their_defaults():
     names = [f.name for f in dataclasses.fields(SamplerConfig)]
     config_args = [f.name for f in arg_fields() if f.metadata["config"]]
-    extras = ["calibrate_steps", "grad_noise_var", "grad_noise_estimate", "grad_noise_friction"]
+    extras = [
+        "calibrate_steps", "grad_noise_var", "grad_noise_estimate", "grad_noise_friction",
+        "thermostat",
+    ]  # fmt: skip
     assert names == ["eta", "lr", *config_args, *extras]
     assert "momentum_init" not in names  # (not a config key)
     assert NNSGHMCArgs.from_config(load_config(None, []).sampler) == NNSGHMCArgs()

@@ -52,15 +52,17 @@ def toy_family(dim: int = 4) -> ProblemFamily:
     return ProblemFamily(cfg.task)
 
 
-def test_meta_gradient_matches_finite_differences_of_the_surrogate():
+@pytest.mark.parametrize("thermostat", [False, True])
+def test_meta_gradient_matches_finite_differences_of_the_surrogate(thermostat):
     torch.manual_seed(0)
     task = gaussian(3, mean=1.0, cov="correlated", seed=1)
     target = task.target(0.5, dtype=torch.float64)
     # Full (second-order) gradients so that autograd differentiates the same function that
     # finite differences see; float64 so central differences are accurate.
     sampler = NNSGHMC(
-        eta=0.05, q_hidden=(6,), d_hidden=(5,), beta_off=1.0, c=0.1, detach_inputs=False, seed=3
-    ).double()
+        eta=0.05, q_hidden=(6,), d_hidden=(5,), beta_off=1.0, c=0.1, detach_inputs=False, seed=3,
+        gamma="exact", thermostat=thermostat,
+    ).double()  # fmt: skip
     init = torch.randn(6, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     weights = torch.randn(6, 3, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
 
@@ -89,8 +91,10 @@ def test_meta_gradient_matches_finite_differences_of_the_surrogate():
     assert numeric.abs().max() > 1e-4  # the parameters do move the chains
 
 
-def train(tmp_path: Path | None, settings: TrainConfig, seed: int = 0) -> MetaTrainer:
-    sampler = NNSGHMC(eta=0.02, q_hidden=(8,), d_hidden=(8,), seed=seed)
+def train(
+    tmp_path: Path | None, settings: TrainConfig, seed: int = 0, **sampler_options
+) -> MetaTrainer:
+    sampler = NNSGHMC(eta=0.02, q_hidden=(8,), d_hidden=(8,), seed=seed, **sampler_options)
     trainer = MetaTrainer(
         sampler, toy_family(), settings, run_dir=tmp_path, seed=seed, progress=False
     )
@@ -98,12 +102,14 @@ def train(tmp_path: Path | None, settings: TrainConfig, seed: int = 0) -> MetaTr
     return trainer
 
 
-def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
-    straight = train(None, small_settings())
+@pytest.mark.parametrize("options", [{}, {"gamma": "exact", "thermostat": True}])
+def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, options):
+    straight = train(None, small_settings(), **options)
     interrupted_dir = tmp_path / "run"
-    first = train(interrupted_dir, small_settings(epochs=2))
+    first = train(interrupted_dir, small_settings(epochs=2), **options)
     assert (interrupted_dir / "checkpoint.pt").is_file()
-    sampler = NNSGHMC(eta=0.02, q_hidden=(8,), d_hidden=(8,), seed=123)  # different init
+    # a different init
+    sampler = NNSGHMC(eta=0.02, q_hidden=(8,), d_hidden=(8,), seed=123, **options)
     resumed = MetaTrainer(
         sampler, toy_family(), small_settings(), run_dir=interrupted_dir, seed=99, progress=False
     )
@@ -212,6 +218,8 @@ def test_config_passes_the_new_sampler_constants_to_the_sampler():
         "sampler.grad_noise_var=1.0",
         "sampler.grad_noise_estimate=true",
         "sampler.grad_noise_friction=true",
+        "sampler.thermostat=true",
+        "sampler.gamma=exact",
     ]
     sampler = build_sampler(load_config(None, overrides).sampler)
     assert (sampler.d_clamp, sampler.grad_input, sampler.friction_units) == (
@@ -220,7 +228,9 @@ def test_config_passes_the_new_sampler_constants_to_the_sampler():
         "per_step",
     )
     assert sampler.grad_noise_var == 1.0 and sampler.grad_noise_estimate
-    assert sampler.grad_noise_friction
+    assert sampler.grad_noise_friction and sampler.thermostat
+    with pytest.raises(ConfigError, match="sampler: thermostat needs exact Gamma"):
+        load_config(None, ["sampler.thermostat=true", "sampler.gamma=finite_difference"])
     default = build_sampler(load_config(None, []).sampler)
     assert (default.d_clamp, default.grad_input, default.friction_units) == (
         None,
@@ -228,7 +238,7 @@ def test_config_passes_the_new_sampler_constants_to_the_sampler():
         "absolute",
     )
     assert default.grad_noise_var == 0.0 and not default.grad_noise_estimate
-    assert not default.grad_noise_friction
+    assert not default.grad_noise_friction and not default.thermostat
 
 
 def test_cli_fails_before_work_on_a_bad_config(tmp_path):
