@@ -139,7 +139,7 @@ class NNSGHMCMethod(MethodGrid):
     grad_noise_friction: bool = False
     # A Nosé–Hoover thermostat per coordinate around the learned step (the sampler's
     # `thermostat`: mSGNHT's feedback on the momentum's temperature, which takes out the heat of
-    # the gradient noise and of the discretisation; needs gamma exact; docs/RESULTS.md,
+    # the gradient noise without an estimate of it; needs gamma exact; docs/RESULTS.md,
     # session 54).
     thermostat: bool = False
 

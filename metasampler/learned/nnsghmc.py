@@ -52,18 +52,12 @@ already carries ``eta^2 Q_f^2 V`` (SGHMC's ``B_hat``; docs/METHOD.md §3); with
 ``grad_noise_estimate`` ``V`` is each chain's running estimate per coordinate instead
 (:mod:`metasampler.gradient_noise`). With ``grad_noise_friction`` the noise's diffusion
 ``B = eta Q_f^2 V / 2`` joins the friction instead, ``D_f + B / T`` (and Gamma), and the injected
-noise stays ``N(0, 2 eta T D_f)``. With ``thermostat`` each coordinate also carries a
-Nosé–Hoover thermostat ``xi`` (mSGNHT's, Ding et al. 2014), a third block of the state with
-``H = U + p.p / 2 + xi.xi / 2`` and the curl ``Q_(p_i, xi_i) = p_i = -Q_(xi_i, p_i)``, which adds
-``dp = -xi p dt`` and ``d xi = (p p - T) dt`` (Gamma's ``xi`` entry is the ``-T``): the complete
-recipe admits it (Ma, Chen & Fox 2015), and it absorbs the heat of the gradient noise
-wherever it appears. Its flow is split around the step above: ``p *= exp(-eta xi / 2)``, the
-step, ``p *= exp(-eta xi / 2)``, ``xi += eta (p_bar p_bar - T)`` with ``p_bar`` the mean of
-the momenta entering and leaving the step. Not ``p`` itself: the modified Euler step keeps
-its positions at ``T`` while its momentum runs hot by ``1 / (1 - eta D_f / 2)`` (the friction's
-Euler factor), and a thermostat on ``p`` cooled the positions by as much (variance 0.87 at
-``eta D_f = 0.3`` on a Gaussian); ``p_bar``'s second moment is ``T`` for the friction's step
-exactly. All off, the update is the SPEC's.
+noise stays ``N(0, 2 eta T D_f)``. With ``thermostat`` each coordinate also carries mSGNHT's
+thermostat ``xi`` (the complete recipe's curl ``Q_(p_i, xi_i) = p_i``, ``H += xi.xi / 2``):
+``p *= exp(-eta xi / 2)``, the step, ``p *= exp(-eta xi / 2)``, ``xi += eta (p_bar^2 - T)``,
+``p_bar`` the mean of the momenta entering and leaving the step (whose second moment the Euler
+friction leaves at ``T``; ``p`` itself runs hot by ``1 / (1 - eta D_f / 2)`` while the positions
+do not: docs/RESULTS.md, session 54). All off, the update is the SPEC's.
 
 ``gamma`` chooses how the derivatives are obtained:
 
@@ -204,15 +198,12 @@ class NNSGHMC(nn.Module, Sampler):
                 step multiplies the momentum by ``1 - eta D_f``, so where ``eta B / T`` nears 2
                 per step (a large ``V`` at a large step) it overshoots and the chain diverges
                 (docs/RESULTS.md, session 53). Not exported; settable as an attribute.
-            thermostat: give every coordinate a Nosé–Hoover thermostat ``xi`` (starting at 0,
-                in ``state.extras["xi"]``) whose friction ``xi`` rises where the momentum runs
-                hotter than ``T`` and falls where it runs colder, so that heat from gradient
-                noise or from the step's discretisation is taken out without knowing ``V``
-                (mSGNHT's feedback around the learned dynamics; the equations above). Frozen
-                while ``T = 0``. Needs ``gamma="exact"`` (or ``"none"``): the thermostat's
-                friction moves ``p`` between steps, and the finite-difference secant in ``U``
-                takes the previous step's ``Q_f`` as one at the same ``p``. Not exported;
-                settable as an attribute (checked at each step).
+            thermostat: a Nosé–Hoover thermostat per coordinate (``state.extras["xi"]``, from
+                0) whose friction rises where the momentum runs hotter than ``T``: it takes
+                out gradient-noise heat without knowing ``V`` (the equations above). Frozen
+                while ``T = 0``. Needs ``gamma="exact"`` (or ``"none"``): it moves ``p``
+                between steps, which the finite-difference secants assume fixed. Not
+                exported; settable as an attribute.
             **arguments: the architecture and constants, the fields of
                 :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
                 attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).
@@ -453,11 +444,12 @@ class NNSGHMC(nn.Module, Sampler):
         if new_cache is not None:
             extras = dict(zip(("u", "q_tilde", "p_hat", "dq_dph"), new_cache, strict=True))
         extras.update(chain_stats)
-        if xi is not None:  # (the friction half with the same xi as before the step)
-            if temperature > 0:  # (xi measures the mean momentum of the step: see above)
+        if xi is not None:
+            # the feedback on the step's mean momentum p_bar (module docstring), and the second
+            # friction half with the first half's xi, so that the two mirror each other
+            extras["xi"] = xi
+            if temperature > 0:
                 extras["xi"] = thermostat_feedback(xi, 0.5 * (p + new_p), eta, temperature)
-            else:
-                extras["xi"] = xi
             new_p = thermostat_friction(new_p, xi, 0.5 * eta)
         return SamplerState(new_theta, new_p, extras, state.step, state.eta, ev.energy, ev.grad)
 
