@@ -92,8 +92,9 @@ class _Stop(Exception):
 
 def _sampler_path(cfg, option: str | None) -> str | None:
     """The NNSGHMC file, validated before any work (``None`` when no enabled method uses one)."""
-    from metasampler.benchmark.methods import gamma_conflict, uses_sampler_file
+    from metasampler.benchmark.methods import uses_sampler_file
     from metasampler.export import SamplerFileError, load_sampler
+    from metasampler.nnsghmc_args import gamma_conflict
 
     learned = [k for k in cfg.methods if uses_sampler_file(k) and cfg.methods[k].enabled]
     if not learned:

@@ -27,7 +27,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from metasampler.benchmark.methods import gamma_conflict
 from metasampler.config import (
     ConfigError,
     PoolSpan,
@@ -37,6 +36,7 @@ from metasampler.config import (
     check_step_scale_range,
     load_structured,
 )
+from metasampler.nnsghmc_args import gamma_conflict
 from tasks.bnn import BNN_KINDS
 from tasks.config import MusicDataset, TaskConfig, TaskKind
 from tasks.gaussian import check_spectrum

@@ -28,7 +28,6 @@ __all__ = [
     "thermostat_euler_step",
     "thermostat_feedback",
     "thermostat_friction",
-    "thermostat_half_flow",
     "thermostat_splitting_step",
 ]
 
@@ -157,26 +156,6 @@ def thermostat_friction(momentum: Tensor, xi: Tensor, h: float) -> Tensor:
     return momentum * torch.exp(-h * xi)
 
 
-def thermostat_half_flow(
-    momentum: Tensor,
-    xi: Tensor,
-    h: float,
-    temperature: float,
-    before: bool,
-    multivariate: bool = True,
-) -> tuple[Tensor, Tensor]:
-    """The thermostat's flow for a time ``h / 2`` on one side of another step (Strang
-    splitting): ``before`` it the feedback then the friction, after it the reverse, so that
-    the two halves mirror each other. Returns ``(p, xi)``."""
-    half = 0.5 * h
-    if before:
-        xi = thermostat_feedback(xi, momentum, half, temperature, multivariate)
-    momentum = thermostat_friction(momentum, xi, half)
-    if not before:
-        xi = thermostat_feedback(xi, momentum, half, temperature, multivariate)
-    return momentum, xi
-
-
 def thermostat_euler_step(
     theta: Tensor,
     momentum: Tensor,
@@ -221,13 +200,17 @@ def thermostat_splitting_step(
     A: ``theta += p h/2``, ``xi += (p*p - T) h/2``; B: ``p *= exp(-xi h/2)``;
     O: ``p += -grad U(theta) h + sqrt(2 A h T) N(0, 1)``; B; A.
     """
-    theta = theta + 0.5 * h * momentum  # (A's two halves commute: both read p alone)
-    momentum, xi = thermostat_half_flow(momentum, xi, h, temperature, True, multivariate)
+    half = 0.5 * h
+    # A (its two halves commute: both read p alone), B
+    theta = theta + half * momentum
+    xi = thermostat_feedback(xi, momentum, half, temperature, multivariate)
+    momentum = thermostat_friction(momentum, xi, half)
     momentum = momentum - h * grad_fn(theta)
     if temperature > 0 and diffusion > 0:
         momentum = momentum + gaussian_like(
             momentum, generator, math.sqrt(2 * diffusion * h * temperature)
         )
-    momentum, xi = thermostat_half_flow(momentum, xi, h, temperature, False, multivariate)
-    theta = theta + 0.5 * h * momentum
+    momentum = thermostat_friction(momentum, xi, half)  # B, A
+    xi = thermostat_feedback(xi, momentum, half, temperature, multivariate)
+    theta = theta + half * momentum
     return theta, momentum, xi

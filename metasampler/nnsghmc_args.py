@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 __all__ = [
+    "gamma_conflict",
     "is_step",
     "Activation",
     "ARCHITECTURE",
@@ -454,3 +455,22 @@ def _checked(f: Field, value: Any) -> Any:
         }.get(check, "a finite number > 0")
         raise ValueError(f"{name} must be {what}, got {value!r}")
     return float(value)
+
+
+def gamma_conflict(power: float, thermostat: bool, gamma: str | None) -> str | None:
+    """Why a curl preconditioner ``power`` or a thermostat cannot run with Gamma mode
+    ``gamma``, or ``None`` (the one rule behind the config check, the builder and
+    ``evaluate.py``'s pre-flight)."""
+    if gamma != "finite_difference":
+        return None
+    if power > 0:
+        return (
+            f"precondition_power {power} needs exact Gamma, not finite_difference (the secant "
+            "in U would see the stiffness change between steps): set gamma=exact"
+        )
+    if thermostat:
+        return (
+            "thermostat needs exact Gamma, not finite_difference (the thermostat moves the "
+            "momentum between steps, which the secants assume fixed): set gamma=exact"
+        )
+    return None

@@ -18,7 +18,8 @@ round's SGHMC block time.
   and ``f_D(U, p, g)`` of 10 units, with ``softsign`` units, exact and FD),
   ``mnist_mlp_floor_5units`` (the same recipe with 5-unit nets, exact and FD),
   ``mnist_mlp_floor_positive`` (the same layout with a softplus curl output and the curl's
-  speed limit, exact and FD), ``mnist_mlp_positive_preconditioned`` (that file with the
+  speed limit, exact and FD; and exact with ``thermostat``, mSGNHT's thermostat around the
+  learned step), ``mnist_mlp_positive_preconditioned`` (that file with the
   curl's stiffness preconditioner, exact Gamma only; and with ``grad_noise_estimate``: the
   gradient noise's variance estimated from the minibatch's halves, as SGHMC's next to it;
   and with its gradient statistic fixed, ``stiffness_freeze_after``),
@@ -125,6 +126,8 @@ def sampling_variants() -> dict:
     estimating.grad_noise_estimate = True
     frozen = load_sampler(PRECONDITIONED)
     frozen.stiffness_freeze_after = 1  # the statistic fixed from the second step on
+    thermostat = load_sampler(POSITIVE)
+    thermostat.thermostat = True  # mSGNHT's thermostat around the learned step
     return {
         "SGHMC": SGHMC(eta=eta, friction=1.0),
         "SGHMC, noise estimate": SGHMC(eta=eta, friction=1.0, grad_noise_estimate=True),
@@ -141,6 +144,7 @@ def sampling_variants() -> dict:
         "mnist_mlp_floor_5units FD": load_sampler(FLOOR5, gamma="finite_difference"),
         "mnist_mlp_floor_positive exact": load_sampler(POSITIVE),
         "mnist_mlp_floor_positive FD": load_sampler(POSITIVE, gamma="finite_difference"),
+        "mnist_mlp_floor_positive exact, thermostat": thermostat,
         "mnist_mlp_positive_preconditioned exact": load_sampler(PRECONDITIONED),
         "mnist_mlp_positive_preconditioned exact, noise estimate": estimating,
         "mnist_mlp_positive_preconditioned exact, V fixed": frozen,

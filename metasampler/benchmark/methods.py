@@ -23,7 +23,7 @@ from typing import Any
 from ..config import ConfigError, GammaMode
 from ..export import load_sampler
 from ..learned import NNSGHMC
-from ..nnsghmc_args import is_step
+from ..nnsghmc_args import gamma_conflict, is_step
 from ..samplers import (
     PSGLD,
     SGHMC,
@@ -295,25 +295,6 @@ _FILE_CONSTANTS = {
     "precondition_power": float,
     "stiffness_freeze_after": int,
 }
-
-
-def gamma_conflict(power: float, thermostat: bool, gamma: str | None) -> str | None:
-    """Why a curl preconditioner ``power`` or a thermostat cannot run with Gamma mode
-    ``gamma``, or ``None`` (the one rule behind the config check, the builder and
-    ``evaluate.py``'s pre-flight)."""
-    if gamma != "finite_difference":
-        return None
-    if power > 0:
-        return (
-            f"precondition_power {power} needs exact Gamma, not finite_difference (the secant "
-            "in U would see the stiffness change between steps): set gamma=exact"
-        )
-    if thermostat:
-        return (
-            "thermostat needs exact Gamma, not finite_difference (the thermostat moves the "
-            "momentum between steps, which the secants assume fixed): set gamma=exact"
-        )
-    return None
 
 
 def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:

@@ -98,6 +98,7 @@ from ..nnsghmc_args import (
     NNSGHMCArgs,
     arg_fields,
     describe_args,
+    gamma_conflict,
     signature_with_args,
 )
 from ..sampler_write import write_sampler
@@ -130,11 +131,9 @@ _REPR_FIELDS = (
 
 
 def _check_thermostat(thermostat: bool, gamma: str) -> None:
-    if thermostat and gamma == "finite_difference":
-        raise ValueError(
-            "NNSGHMC(thermostat=True) needs gamma='exact' (or 'none'): the thermostat moves "
-            "the momentum between steps, which the finite-difference secants assume fixed"
-        )
+    conflict = gamma_conflict(0.0, thermostat, gamma)
+    if conflict:
+        raise ValueError(f"NNSGHMC: {conflict}")
 
 
 class _UnitTarget:
