@@ -142,6 +142,11 @@ class NNSGHMCMethod(MethodGrid):
     # the gradient noise without an estimate of it; needs gamma exact; docs/RESULTS.md,
     # session 54).
     thermostat: bool = False
+    # The positions of the leapfrog splitting: the gradient is taken half a position step
+    # ahead of the reported position, which is the midpoint of two gradient points (the
+    # sampler's `leapfrog`): exact positions for a Gaussian at any stiffness, where the
+    # modified Euler step's run hot in stiff directions (docs/RESULTS.md, session 55).
+    leapfrog: bool = False
 
 
 @dataclass
@@ -315,6 +320,7 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
     sampler.grad_noise_estimate = bool(options.get("grad_noise_estimate", False))
     sampler.grad_noise_friction = bool(options.get("grad_noise_friction", False))
     sampler.thermostat = bool(options.get("thermostat", False))
+    sampler.leapfrog = bool(options.get("leapfrog", False))
     conflict = gamma_conflict(sampler.precondition_power, sampler.thermostat, sampler.gamma)
     if conflict:
         raise ValueError(f"{ctx.sampler_path}: {conflict}")

@@ -57,7 +57,14 @@ thermostat ``xi`` (the complete recipe's curl ``Q_(p_i, xi_i) = p_i``, ``H += xi
 ``p *= exp(-eta xi / 2)``, the step, ``p *= exp(-eta xi / 2)``, ``xi += eta (p_bar^2 - T)``,
 ``p_bar`` the mean of the momenta entering and leaving the step (whose second moment the Euler
 friction leaves at ``T``; ``p`` itself runs hot by ``1 / (1 - eta D_f / 2)`` while the positions
-do not: docs/RESULTS.md, session 54). All off, the update is the SPEC's.
+do not: docs/RESULTS.md, session 54). With ``leapfrog`` the update above moves the chain's
+gradient points ``theta^g`` and the reported position is the midpoint of two,
+``theta_t = (theta^g_t + theta^g_{t+1}) / 2``: the leapfrog (ABA) splitting of the position flow
+around the momentum step, each half with the drift of the step it belongs to. For a Gaussian
+with constant coefficients these positions are exact at any stiffness, where the Euler positions
+run hot by ``1 / (1 - eta^2 Q_f^2 k / 4)`` (curvature ``k``); the state carries
+``half_step = (theta^g_{t+1} - theta^g_t) / 2``, and ``state.energy`` and ``state.grad`` are
+those at the gradient point ``theta + half_step``. All off, the update is the SPEC's.
 
 ``gamma`` chooses how the derivatives are obtained:
 
@@ -74,8 +81,9 @@ friction ``C``.
 Code: these equations are written once, in :mod:`metasampler.learned.equations` (pure
 functions); :mod:`metasampler.learned.inputs` computes their inputs and scalars from the
 sampler's constants and the target; :mod:`metasampler.learned.fast` chooses how a step runs
-them (compiled in the background, in cache-sized blocks, with autograd); this module holds the
-sampler's constants, its chain statistics and the sampler protocol.
+them (compiled in the background, in cache-sized blocks, with autograd);
+:mod:`metasampler.learned.drift` evaluates them at a given point (diagnostics); this module
+holds the sampler's constants, its chain statistics and the sampler protocol.
 """
 
 from __future__ import annotations
@@ -83,7 +91,6 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -105,11 +112,11 @@ from ..sampler_write import write_sampler
 from ..samplers.base import Sampler, SamplerState, check_finite
 from ..samplers.sghmc import init_momentum
 from ..schedules import Schedule
-from ..stepsize import resolve_eta
 from ..targets import Target
-from . import aot, inputs
+from . import aot, drift, inputs
 from . import stiffness as stats
 from .calibration import calibrate_inputs
+from .drift import DriftTerms
 from .equations import StepArgs, nnsghmc_coefficients
 from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
@@ -136,23 +143,6 @@ def _check_thermostat(thermostat: bool, gamma: str) -> None:
         raise ValueError(f"NNSGHMC: {conflict}")
 
 
-class _UnitTarget:
-    """Stands in for a target where only the net inputs matter (``N = D = 1``)."""
-
-    n_data = 1
-    dim = 1
-
-
-@dataclass
-class DriftTerms:
-    """``Q_f``, ``D_f`` and the exact ``Gamma`` at one point ``z`` (all ``(K, D)``)."""
-
-    q: Tensor
-    d: Tensor
-    gamma_theta: Tensor
-    gamma_p: Tensor
-
-
 class NNSGHMC(nn.Module, Sampler):
     """The learnable SG-MCMC sampler. Same protocol as every baseline: ``init`` / ``step``.
 
@@ -162,20 +152,14 @@ class NNSGHMC(nn.Module, Sampler):
             temperature, schedule: as for every sampler.
             seed: seeds the nets' initial weights.
             compile: how sampling steps (under ``torch.no_grad()``) run
-                (:mod:`metasampler.learned.fast`). ``None`` (default): on a CPU with a C++
-                compiler, the step compiled ahead of time into one fused loop over the
-                coordinates, built in a child process while eager steps run, then used and
-                cached on disk (:mod:`metasampler.learned.aot`); on a GPU (where the
-                package crashed) eager steps while a child process fills the compile's
-                caches, then ``torch.compile`` from them in a background thread (once the
-                eager steps have taken 10 s); elsewhere the eager step, after a one-line
-                notice. ``True``: wait for the compiled step (a first build takes about a
-                minute; on a GPU, ``torch.compile`` in this process). ``False``: always
-                eager. Not part of the exported sampler: the ``use_compile`` attribute of a
-                loaded one. Meta-training steps (grad enabled) run eagerly with autograd, or
-                with ``True`` through ``torch.compile`` with autograd; ``step_path``
-                (attribute: "auto", "plain", "blocks", "recompute", "compiled") forces one
-                way, for tests and benchmarks.
+                (:mod:`metasampler.learned.fast`). ``None`` (default): compiled in the
+                background while eager steps run (a CPU with a C++ compiler: one fused loop
+                built ahead of time and cached on disk, :mod:`metasampler.learned.aot`; a GPU:
+                ``torch.compile`` from caches a child process fills), else eager after a
+                one-line notice. ``True``: wait for the compiled step. ``False``: eager. Not
+                exported: the ``use_compile`` attribute of a loaded one. Meta-training steps
+                run with autograd (``True``: through ``torch.compile``); the ``step_path``
+                attribute ("auto", "plain", "blocks", "recompute", "compiled") forces one way.
             grad_noise_var: the variance ``V`` of the gradient's noise per coordinate, where it
                 is known (e.g. the toy targets' injected ``N(0, sigma^2)``: ``V = sigma^2``).
                 ``0`` (default): none assumed. With ``V > 0`` the injected noise gives
@@ -203,6 +187,10 @@ class NNSGHMC(nn.Module, Sampler):
                 while ``T = 0``. Needs ``gamma="exact"`` (or ``"none"``): it moves ``p``
                 between steps, which the finite-difference secants assume fixed. Not
                 exported; settable as an attribute.
+            leapfrog: report the midpoints of the chain's gradient points (the equations
+                above): exact positions for a Gaussian at any stiffness. For sampling only
+                (meta-training pairs each position with its gradient). Not exported; settable
+                as an attribute.
             **arguments: the architecture and constants, the fields of
                 :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
                 attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).
@@ -226,6 +214,7 @@ class NNSGHMC(nn.Module, Sampler):
         grad_noise_estimate: bool = False,
         grad_noise_friction: bool = False,
         thermostat: bool = False,
+        leapfrog: bool = False,
         **arguments: Any,
     ) -> None:
         nn.Module.__init__(self)
@@ -262,6 +251,7 @@ class NNSGHMC(nn.Module, Sampler):
         self.grad_noise_estimate = bool(grad_noise_estimate)
         self.grad_noise_friction = bool(grad_noise_friction)
         self.thermostat = bool(thermostat)
+        self.leapfrog = bool(leapfrog)
         # Not `self.compile`: that would shadow nn.Module.compile.
         self.use_compile = compile
         self.step_path = "auto"  # see `fast.PATHS`
@@ -303,29 +293,13 @@ class NNSGHMC(nn.Module, Sampler):
     _scalars = inputs.step_scalars
     _config = inputs.step_config
 
+    # -- the coefficients at a given point (:mod:`metasampler.learned.drift`) -----------------
+    coefficients = drift.coefficients
+    drift_terms = drift.drift_terms
+
     def _nets(self, dtype: torch.dtype | None = None) -> tuple[NetParams, NetParams]:
         """The nets' weights, in ``dtype`` (the chains'; a no-op when they agree)."""
         return self.f_q.params(dtype), self.f_d.params(dtype)
-
-    def coefficients(
-        self,
-        u: Tensor,
-        p_hat: Tensor,
-        g_hat: Tensor,
-        eta: float | None = None,
-        stiffness: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """``Q_f`` and ``D_f`` at given standardised net inputs (e.g. for plots); ``eta``
-        (default: the sampler's, else 1) matters only with ``friction_units="per_step"``;
-        ``stiffness`` (:func:`~metasampler.learned.stiffness.stiffness_input`) only with
-        ``q_stiffness_input``."""
-        eta = eta if eta is not None else (self.eta if self.eta is not None else 1.0)
-        v = self._scalars(_UnitTarget, eta, self.temperature)
-        cfg = self._config("none", detach=False)  # no Gamma: its gradient input `du` is unused
-        stiffness = self._stiffness_given(stiffness, p_hat, v)
-        nets = self._nets(p_hat.dtype)
-        q, d, _, _ = nnsghmc_coefficients(u, p_hat, g_hat, g_hat, *nets, v, cfg, None, stiffness)
-        return q, d
 
     @property
     def preconditioned(self) -> bool:
@@ -353,40 +327,6 @@ class NNSGHMC(nn.Module, Sampler):
             v["precond_ref"] = stats.preconditioner_reference(stiffness)
         return stiffness.expand_as(like)
 
-    def drift_terms(
-        self,
-        theta: Tensor,
-        momentum: Tensor,
-        target: Target,
-        eta: float | None = None,
-        grad_sq: Tensor | None = None,
-    ) -> DriftTerms:
-        """``Q_f``, ``D_f`` and the exact ``Gamma`` at ``z = (theta, momentum)``.
-
-        Inputs are not detached and the target is evaluated with ``create_graph`` when
-        ``theta`` requires grad, so tests can differentiate these terms with respect to ``z``.
-        ``eta`` (default: the sampler's base step) matters with ``friction_units="per_step"``
-        and the stiffness input; ``grad_sq`` (the running mean of ``grad^2`` a chain carries in
-        ``state.extras["grad_sq"]``, a constant of ``z``) is needed when
-        :attr:`uses_stiffness`.
-        """
-        if eta is None:
-            eta = resolve_eta(self.eta, self.lr, target.n_data, self.order)
-        ev = target.evaluate(theta, None, create_graph=theta.requires_grad)
-        u, prior_grad = self._energy_input(ev, target)
-        v = self._scalars(target, eta, self.temperature)
-        du = ev.grad if prior_grad is None else ev.grad - v["prior_w"] * prior_grad
-        stiffness = None
-        if grad_sq is not None:
-            stiffness = stats.chain_stiffness(grad_sq, eta, self.preconditioned)
-        stiffness = self._stiffness_given(stiffness, momentum, v)
-        q, d, gamma_p, dq_dph = nnsghmc_coefficients(
-            u, momentum * v["inv_sp"], ev.grad * v["g_scale"], du * v["du_scale"],
-            *self._nets(momentum.dtype), v, self._config("exact", detach=False), None, stiffness,
-        )  # fmt: skip
-        gamma_theta = torch.zeros_like(q) if dq_dph is None else -dq_dph * v["inv_sp"]
-        return DriftTerms(q, d, gamma_theta, gamma_p)
-
     # -- sampler protocol -------------------------------------------------------------------
     def _init_extras(
         self, state: SamplerState, target: Target, generator: torch.Generator | None
@@ -404,12 +344,15 @@ class NNSGHMC(nn.Module, Sampler):
         k = state.step + 1
         second_order = not self.detach_inputs and torch.is_grad_enabled()
         estimate = self.grad_noise_estimate
+        extras = state.extras
+        theta = state.theta  # where grad U is taken: half a step ahead with `leapfrog`
+        if self.leapfrog and "half_step" in extras:
+            theta = theta + extras["half_step"]
         # (one thread fewer while a build runs, as for the eager update: the gradient's
         # threads spinning against the build slowed it; BENCHMARKS.md, session 33)
         with aot.leaving_a_core_to_builds():
-            ev = self.evaluate(target, state.theta, k, generator, second_order, estimate)
+            ev = self.evaluate(target, theta, k, generator, second_order, estimate)
         u, prior_grad = self._energy_input(ev, target)
-        extras = state.extras
         xi = self._thermostat_state(state.momentum, extras)
         p = state.momentum if xi is None else thermostat_friction(state.momentum, xi, 0.5 * eta)
         gamma = self.gamma if temperature > 0 else "none"
@@ -428,7 +371,7 @@ class NNSGHMC(nn.Module, Sampler):
             stiffness = stats.chain_stiffness(past, eta, self.preconditioned)
             stiffness = self._stiffness_given(stiffness, p, v)
         args = StepArgs(
-            state.theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype), v,
+            theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype), v,
             self._config(gamma, self.detach_inputs), stiffness, chain_stats.get("noise_var"),
         )  # fmt: skip
         new_theta, new_p, check, new_cache = run_step(args, self)
@@ -450,6 +393,9 @@ class NNSGHMC(nn.Module, Sampler):
             if temperature > 0:
                 extras["xi"] = thermostat_feedback(xi, 0.5 * (p + new_p), eta, temperature)
             new_p = thermostat_friction(new_p, xi, 0.5 * eta)
+        if self.leapfrog:  # report the midpoint of two gradient points (module docstring)
+            extras["half_step"] = 0.5 * (new_theta - theta)
+            new_theta = new_theta - extras["half_step"]
         return SamplerState(new_theta, new_p, extras, state.step, state.eta, ev.energy, ev.grad)
 
     def _thermostat_state(self, p: Tensor, extras: Mapping[str, Tensor]) -> Tensor | None:

@@ -605,6 +605,25 @@ def test_the_thermostat_can_be_set_for_a_file_and_needs_exact_gamma(tmp_path):
     ).methods.nnsghmc.thermostat
 
 
+def test_leapfrog_positions_can_be_set_for_a_file(tmp_path):
+    """``methods.nnsghmc.leapfrog`` reports the midpoints of a file's gradient points (its
+    ``half_step`` then travels in the chains' state), with either Gamma; off by default."""
+    path = tmp_path / "s.safetensors"
+    _nnsghmc(c=0.3, friction_units="per_step").save(str(path))
+    target = EnergyTarget(lambda x: 0.5 * (x**2).sum(-1), dim=3)
+    for on, gamma in ((False, "exact"), (True, "exact"), (True, "finite_difference")):
+        sampler = build_method(
+            "nnsghmc", {"leapfrog": on, "gamma": gamma}, 0.02, n_data=120, n_steps=10,
+            sampler_path=path,
+        )  # fmt: skip
+        state = sampler.step(sampler.init(torch.ones(2, 3), target), target)
+        state = sampler.step(state, target)
+        assert ("half_step" in state.extras) == on == sampler.leapfrog
+    config = load_benchmark_config(None, ["methods.nnsghmc.leapfrog=true"])
+    assert config.methods.nnsghmc.leapfrog
+    assert not load_benchmark_config(None, []).methods.nnsghmc.leapfrog
+
+
 def test_the_statistics_freeze_can_be_set_for_a_file(tmp_path):
     """``methods.nnsghmc.stiffness_freeze_after`` sets the step after which a loaded
     sampler's gradient statistic stops adapting (null keeps the file's); it must be a whole
