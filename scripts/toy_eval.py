@@ -2,7 +2,7 @@
 
     python scripts/toy_eval.py runs/toy_gaussian/sampler.safetensors [more files] \\
         [--n-steps 12000] [--n-chains 50] [--eta 0.025] [--seed 0] \\
-        [--noise-correction | --noise-estimate] [--json out.json]
+        [--noise-correction | --noise-estimate] [--leapfrog] [--thermostat] [--json out.json]
 
 For each sampler file: 50 chains x 12,000 steps on the 20-D correlated test Gaussian with
 gradient noise N(0, 1), ``eta = 0.025``, chains from ``U([0, 6]^D)``; prints KL@1k, KL@12k
@@ -62,12 +62,23 @@ def main(argv: list[str] | None = None) -> int:
         help="the sampler estimates the gradient noise's variance from the two halves the "
         "target draws it from (grad_noise_estimate), not told it",
     )
+    parser.add_argument(
+        "--leapfrog",
+        action="store_true",
+        help="report the midpoints of the chain's gradient points (NNSGHMC's leapfrog)",
+    )
+    parser.add_argument(
+        "--thermostat",
+        action="store_true",
+        help="a thermostat per coordinate around the learned step (needs exact Gamma)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="append results as JSON lines")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
     import metasampler as ms
     from metasampler.benchmark.gaussian import TEST_GRAD_NOISE_STD, gaussian_benchmark
+    from metasampler.nnsghmc_args import gamma_conflict
     from metasampler.targets import NonFiniteError
     from tasks.toy import paper_test_gaussian
 
@@ -83,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.noise_correction:
                 sampler.grad_noise_var = TEST_GRAD_NOISE_STD**2
             sampler.grad_noise_estimate = args.noise_estimate
-        except (FileNotFoundError, ms.SamplerFileError) as err:
+            sampler.leapfrog, sampler.thermostat = args.leapfrog, args.thermostat
+            conflict = gamma_conflict(0.0, sampler.thermostat, sampler.gamma)
+            if conflict:
+                raise ValueError(f"{path}: {conflict}")
+        except (FileNotFoundError, ValueError, ms.SamplerFileError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         normalised = (
@@ -118,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             record = {"sampler": str(path), "normalised_energy": normalised, **result}
             record["grad_noise_var"] = sampler.grad_noise_var
             record["grad_noise_estimate"] = sampler.grad_noise_estimate
+            record["leapfrog"], record["thermostat"] = sampler.leapfrog, sampler.thermostat
+            record["test_seed"] = args.seed
             with args.json.open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
     return 0

@@ -19,7 +19,8 @@ round's SGHMC block time.
   ``mnist_mlp_floor_5units`` (the same recipe with 5-unit nets, exact and FD),
   ``mnist_mlp_floor_positive`` (the same layout with a softplus curl output and the curl's
   speed limit, exact and FD; and exact with ``thermostat``, mSGNHT's thermostat around the
-  learned step), ``mnist_mlp_positive_preconditioned`` (that file with the
+  learned step, and with ``leapfrog``, its positions the midpoints of the gradient points),
+  ``mnist_mlp_positive_preconditioned`` (that file with the
   curl's stiffness preconditioner, exact Gamma only; and with ``grad_noise_estimate``: the
   gradient noise's variance estimated from the minibatch's halves, as SGHMC's next to it;
   and with its gradient statistic fixed, ``stiffness_freeze_after``),
@@ -128,6 +129,8 @@ def sampling_variants() -> dict:
     frozen.stiffness_freeze_after = 1  # the statistic fixed from the second step on
     thermostat = load_sampler(POSITIVE)
     thermostat.thermostat = True  # mSGNHT's thermostat around the learned step
+    leapfrog = load_sampler(POSITIVE)
+    leapfrog.leapfrog = True  # the midpoints of the gradient points
     return {
         "SGHMC": SGHMC(eta=eta, friction=1.0),
         "SGHMC, noise estimate": SGHMC(eta=eta, friction=1.0, grad_noise_estimate=True),
@@ -145,6 +148,7 @@ def sampling_variants() -> dict:
         "mnist_mlp_floor_positive exact": load_sampler(POSITIVE),
         "mnist_mlp_floor_positive FD": load_sampler(POSITIVE, gamma="finite_difference"),
         "mnist_mlp_floor_positive exact, thermostat": thermostat,
+        "mnist_mlp_floor_positive exact, leapfrog": leapfrog,
         "mnist_mlp_positive_preconditioned exact": load_sampler(PRECONDITIONED),
         "mnist_mlp_positive_preconditioned exact, noise estimate": estimating,
         "mnist_mlp_positive_preconditioned exact, V fixed": frozen,

@@ -17,6 +17,7 @@ from metasampler.meta.stein import stein_score
 from metasampler.meta.trainer import MetaTrainer
 from metasampler.meta.unroll import unroll_window
 from metasampler.sampling import make_generator
+from metasampler.targets import EnergyTarget
 from tasks.registry import ProblemFamily
 
 PAPER = dict(accumulate=True, step_per_loss=True, continue_chains=True, in_chain_span="segment")
@@ -384,3 +385,21 @@ def test_schedule_and_config_reject_a_segment_pool_with_steps_inside_the_segment
     with pytest.raises(ValueError, match="accumulate=True"):
         TruncationSchedule(segment=10, window=5, pool_spans_segment=True)
     assert TruncationSchedule(segment=10, window=4).windows() == [4, 4, 2]
+
+
+def test_the_unroll_refuses_a_sampler_with_leapfrog_positions():
+    # Its gradients are taken half a step ahead of the positions it reports, so the (position,
+    # gradient) pairs of the losses would not match: a clear error instead of a silent mismatch.
+    target = EnergyTarget(lambda x: 0.5 * (x**2).sum(-1), dim=3)
+    sampler = NNSGHMC(eta=0.05, q_hidden=(4,), d_hidden=(4,), leapfrog=True, compile=False)
+    generator = make_generator(0)
+    state = sampler.init(torch.zeros(2, 3), target, generator)
+    with pytest.raises(ValueError, match="leapfrog"):
+        unroll_window(
+            sampler, state, target, generator, length=2, segment_start=0, cross_chain_every=1
+        )
+    sampler.leapfrog = False
+    _, samples = unroll_window(
+        sampler, state, target, generator, length=2, segment_start=0, cross_chain_every=1
+    )
+    assert len(samples.positions) == 1
