@@ -145,7 +145,7 @@ class NNSGHMCMethod(MethodGrid):
     # The positions of the leapfrog splitting: the gradient is taken half a position step
     # ahead of the reported position, which is the midpoint of two gradient points (the
     # sampler's `leapfrog`): exact positions for a Gaussian at any stiffness, where the
-    # modified Euler step's run hot in stiff directions (docs/RESULTS.md, session 55).
+    # modified Euler step's positions run hot in stiff directions (docs/RESULTS.md, session 55).
     leapfrog: bool = False
 
 
