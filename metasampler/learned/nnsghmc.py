@@ -62,7 +62,7 @@ gradient points ``theta^g`` and the reported position is the midpoint of two,
 ``theta_t = (theta^g_t + theta^g_{t+1}) / 2``: the leapfrog (ABA) splitting of the position flow
 around the momentum step, each half with the drift of the step it belongs to. For a Gaussian
 with constant coefficients these positions are exact at any stiffness, where the Euler positions
-run hot by ``1 / (1 - eta^2 Q_f^2 k / 4)`` (curvature ``k``); the state carries
+run hot by at least ``1 / (1 - eta^2 Q_f^2 k / 4)`` (curvature ``k``); the state carries
 ``half_step = (theta^g_{t+1} - theta^g_t) / 2``, and ``state.energy`` and ``state.grad`` are
 those at the gradient point ``theta + half_step``. All off, the update is the SPEC's.
 
