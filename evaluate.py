@@ -122,7 +122,8 @@ def _sampler_path(cfg, option: str | None) -> str | None:
         section = cfg.methods[key]
         power = section.precondition_power
         power = sampler.precondition_power if power is None else power
-        conflict = gamma_conflict(power, section.thermostat, section.gamma or sampler.gamma)
+        thermostat = sampler.thermostat if section.thermostat is None else section.thermostat
+        conflict = gamma_conflict(power, thermostat, section.gamma or sampler.gamma)
         if conflict:
             raise _Stop(f"{sampler_path} (the file's Gamma), methods.{key}: {conflict}")
     return sampler_path

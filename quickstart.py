@@ -3,8 +3,9 @@ short Bayesian-neural-network transfer benchmark (004 §5.2).
 
 1. Get a meta-trained NNSGHMC: load the shipped
    ``pretrained/toy_gaussian_noise_estimate.safetensors`` (trained with
-   ``configs/toy_gaussian_noise_estimate.yaml`` on the 10-D training Gaussian), or train one now
-   with ``--train`` (the same config; ``--epochs`` shortens it).
+   ``configs/toy_gaussian_noise_estimate.yaml`` on the 10-D training Gaussian; with ``--noise
+   unknown``, ``pretrained/toy_gaussian_stiffness.safetensors``, whose file stores a thermostat),
+   or train one now with ``--train`` (the same config; ``--epochs`` shortens it).
 2. Run it, SGHMC (friction 1) and mSGNHT (splitting) on the 20-D correlated test Gaussian
    (mean 3, gradient noise N(0, 1), eta = 0.025, chains start in U([0, 6]^20)) and print the
    KL of the Gaussian fitted to all samples so far and the ESS, per seed and averaged. The
@@ -44,6 +45,9 @@ from tasks.toy import paper_test_gaussian
 
 ROOT = Path(__file__).resolve().parent
 PRETRAINED = ROOT / "pretrained" / "toy_gaussian_noise_estimate.safetensors"
+#: The shipped sampler for ``--noise unknown`` (its file stores ``thermostat = True``, which
+#: takes out the gradient noise's heat without knowing or estimating the noise).
+PRETRAINED_UNKNOWN_NOISE = ROOT / "pretrained" / "toy_gaussian_stiffness.safetensors"
 TRAIN_CONFIG = ROOT / "configs" / "toy_gaussian_noise_estimate.yaml"
 #: What the samplers know of the gradient noise's variance (``--noise``).
 NOISE_MODES = ("estimated", "known", "unknown")
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    sampler_path = Path(args.sampler)
+    default = PRETRAINED_UNKNOWN_NOISE if args.noise == "unknown" else PRETRAINED
+    sampler_path = Path(args.sampler or default)
     if args.train:
         code, sampler_path = _meta_train(args.epochs)
         if code != 0:
@@ -74,7 +79,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sampler", default=str(PRETRAINED), help="trained sampler file")
+    parser.add_argument(
+        "--sampler",
+        default=None,
+        help="trained sampler file (default: toy_gaussian_noise_estimate, or with --noise "
+        "unknown toy_gaussian_stiffness, which runs inside its stored thermostat)",
+    )
     parser.add_argument("--train", action="store_true", help="meta-train a sampler first")
     parser.add_argument(
         "--epochs", type=positive_int, default=100, help="meta-training epochs (--train)"
@@ -151,6 +161,7 @@ def _toy_comparison(
         f"eta = {args.eta}, gradient noise N(0, {TEST_GRAD_NOISE_STD**2:g}) "
         f"({'unknown to' if args.noise == 'unknown' else args.noise + ' by'} the samplers), "
         f"seeds {args.seeds}; sampler: {sampler_path}"
+        + (" (inside its stored thermostat)" if getattr(learned, "thermostat", False) else "")
     )
     rows = {}
     for name, sampler in methods.items():

@@ -246,7 +246,10 @@ def _validate(cfg: DictConfig) -> None:
     for section in ("task", "eval.task"):
         _check_spectrum(section, get(f"{section}.eig_range"), get(f"{section}.eig_spacing"))
     gamma = getattr(cfg.sampler.gamma, "value", cfg.sampler.gamma)
-    conflict = gamma_conflict(0.0, cfg.sampler.thermostat, gamma)
+    sampler = cfg.sampler
+    conflict = gamma_conflict(
+        sampler.precondition_power, sampler.thermostat, gamma, sampler.q_stiffness_input
+    )
     if conflict:
         raise ConfigError(f"sampler: {conflict}")
     try:

@@ -82,9 +82,6 @@ SamplerConfig = make_dataclass(
         # friction instead (NNSGHMC(grad_noise_friction=True)); not stored in the exported
         # sampler
         ("grad_noise_friction", bool, field(default=False)),
-        # a Nosé–Hoover thermostat per coordinate around the learned step, trained with it
-        # (NNSGHMC(thermostat=True); needs gamma exact); not stored in the exported sampler
-        ("thermostat", bool, field(default=False)),
     ],
     namespace={"__doc__": "NNSGHMC architecture and constants (see :class:`NNSGHMCArgs`)."},
 )

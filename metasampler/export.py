@@ -37,7 +37,10 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
   ``eta`` or ``lr`` is given. Version 1 files (written before ``d_clamp``, ``grad_input``
   and ``friction_units`` existed) still load, with those constants at their defaults
   (``null``, ``"standardised"``, ``"absolute"``: the behaviour they were trained with), and
-  version 1 and 2 files (written before ``energy_input``) with ``"per_datum"``.
+  version 1 and 2 files (written before ``energy_input``) with ``"per_datum"``; in general a
+  constant a file's version predates takes its default (each argument's ``since``). Version 9
+  added ``thermostat`` and ``leapfrog``, so a file also says how it is meant to be run; older
+  files run without both, as they were evaluated.
   ``checksum`` (``"sha256-header+tensors"``) is a SHA-256 over the canonical JSON of the
   rest of the header and every tensor's name, dtype, shape and bytes, so any change to the
   file is detected. Version 1 files (and version 2 files written before this checksum) carry
@@ -198,7 +201,9 @@ def load_sampler(
         path: the ``.safetensors`` file, or the name of a shipped sampler (e.g.
             ``"mnist_mlp"``; :func:`pretrained_samplers` lists them).
         eta, lr: evaluation step (at most one); default: the step stored from training.
-        gamma: override the stored ``gamma`` mode (e.g. ``"finite_difference"``).
+        gamma: override the stored ``gamma`` mode (e.g. ``"finite_difference"``); a
+            ``ValueError`` where the file's options need the other (a stored thermostat,
+            stiffness input or preconditioner needs ``"exact"``).
         device: where the nets and buffers go.
         dtype: floating dtype of the nets' weights (default: as stored); the input statistics
             stay float64.
@@ -277,14 +282,17 @@ def _build(path: Path, header: dict, gamma: str | None, **sampler_args: Any) -> 
     """The sampler the header describes (``gamma``: overrides the stored mode), its nets in
     the stored dtype; ``sampler_args``: the step, temperature and schedule."""
     try:
-        # seed=None: no random draws, the weights come from the file. The schema bounds
-        # every size, so building allocates little.
         args = NNSGHMCArgs.from_header(header["architecture"], header["constants"])
-        if gamma is not None:
-            args = dataclasses.replace(args, gamma=gamma)
-        sampler = NNSGHMC(seed=None, **sampler_args, **args.as_kwargs())
     except ValueError as err:
         raise SamplerFileError(f"{path} holds an invalid sampler description: {err}") from None
+    if gamma is not None:  # (a conflict with the file's options is the argument's, not the file's)
+        try:
+            args = dataclasses.replace(args, gamma=gamma)
+        except ValueError as err:
+            raise ValueError(f"gamma={gamma!r} cannot run {path}: {err}") from None
+    # seed=None: no random draws, the weights come from the file. The schema bounds every
+    # size, so building allocates little.
+    sampler = NNSGHMC(seed=None, **sampler_args, **args.as_kwargs())
     net_dtype = DTYPES[NET_DTYPES[header["architecture"]["dtype"]]][0]
     sampler.f_q.to(dtype=net_dtype)
     sampler.f_d.to(dtype=net_dtype)

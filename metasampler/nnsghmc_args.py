@@ -320,10 +320,36 @@ class NNSGHMCArgs:
         "gradient (a dead unit) is not moved without limit.",
         check="positive", since=6,
     )  # fmt: skip
+    thermostat: bool = _arg(
+        False,
+        "a Nosé–Hoover thermostat per coordinate around the step (``state.extras[\"xi\"]``, "
+        "from 0): ``p *= exp(-eta xi / 2)``, the step, ``p *= exp(-eta xi / 2)``, ``xi += eta "
+        "(p_bar^2 - T)`` on the step's mean momentum ``p_bar``. Its friction rises where the "
+        "momentum runs hotter than ``T``, so it takes out gradient-noise heat without knowing "
+        "the noise (the complete recipe admits it: the sampler stays exact in the limit). "
+        "Frozen while ``T = 0``. Needs ``gamma='exact'`` (or ``'none'``): it moves ``p`` "
+        "between steps, which the finite-difference secants assume fixed. On the toy transfer "
+        "it lowers KL@12k by 20-40 % (docs/RESULTS.md, sessions 54-55). Not in the SPEC.",
+        check="bool", since=9,
+    )  # fmt: skip
+    leapfrog: bool = _arg(
+        False,
+        "report the midpoints of the chain's gradient points, the leapfrog (ABA) splitting's "
+        "positions (``state.extras[\"half_step\"]``; ``state.energy`` and ``state.grad`` are "
+        "at the gradient point): exact for a Gaussian at any stiffness, where the modified "
+        "Euler positions run hot in stiff directions. For sampling only: meta-training pairs "
+        "each position with its gradient and refuses it. Not in the SPEC.",
+        check="bool", since=9, config=False,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for f in fields(self):
             object.__setattr__(self, f.name, _checked(f, getattr(self, f.name)))
+        conflict = gamma_conflict(
+            self.precondition_power, self.thermostat, self.gamma, self.q_stiffness_input
+        )
+        if conflict:
+            raise ValueError(conflict)
 
     def as_kwargs(self) -> dict[str, Any]:
         """The arguments as constructor keywords."""
@@ -457,12 +483,19 @@ def _checked(f: Field, value: Any) -> Any:
     return float(value)
 
 
-def gamma_conflict(power: float, thermostat: bool, gamma: str | None) -> str | None:
-    """Why a curl preconditioner ``power`` or a thermostat cannot run with Gamma mode
-    ``gamma``, or ``None`` (the one rule behind the config check, the builder and
-    ``evaluate.py``'s pre-flight)."""
+def gamma_conflict(
+    power: float, thermostat: bool, gamma: str | None, stiffness_input: bool = False
+) -> str | None:
+    """Why a curl preconditioner ``power``, a thermostat or the curl's stiffness input cannot
+    run with Gamma mode ``gamma``, or ``None`` (the one rule behind :class:`NNSGHMCArgs`, the
+    config check, the builder and ``evaluate.py``'s pre-flight)."""
     if gamma != "finite_difference":
         return None
+    if stiffness_input:
+        return (
+            "q_stiffness_input needs exact Gamma, not finite_difference (the secant in U would "
+            "also see the stiffness change between steps): set gamma=exact"
+        )
     if power > 0:
         return (
             f"precondition_power {power} needs exact Gamma, not finite_difference (the secant "

@@ -44,9 +44,9 @@ __all__ = [
 
 FORMAT = "metasampler.nnsghmc"
 #: The format version written.
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 #: Format versions read (1: header not covered by the checksum).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 #: The safetensors metadata key holding the JSON header.
 HEADER_KEY = "metasampler"
 CHECKSUM_TENSORS = "sha256"  # format version 1: tensors only

@@ -2,7 +2,8 @@
 
     python scripts/toy_eval.py runs/toy_gaussian/sampler.safetensors [more files] \\
         [--n-steps 12000] [--n-chains 50] [--eta 0.025] [--seed 0] \\
-        [--noise-correction | --noise-estimate] [--leapfrog] [--thermostat] [--json out.json]
+        [--noise-correction | --noise-estimate] [--[no-]leapfrog] [--[no-]thermostat] \\
+        [--json out.json]
 
 For each sampler file: 50 chains x 12,000 steps on the 20-D correlated test Gaussian with
 gradient noise N(0, 1), ``eta = 0.025``, chains from ``U([0, 6]^D)``; prints KL@1k, KL@12k
@@ -64,13 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--leapfrog",
-        action="store_true",
-        help="report the midpoints of the chain's gradient points (NNSGHMC's leapfrog)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="report the midpoints of the chain's gradient points (NNSGHMC's leapfrog; "
+        "default: the file's)",
     )
     parser.add_argument(
         "--thermostat",
-        action="store_true",
-        help="a thermostat per coordinate around the learned step (needs exact Gamma)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a thermostat per coordinate around the learned step (needs exact Gamma; "
+        "default: the file's)",
     )
     parser.add_argument("--json", type=Path, default=None, help="append results as JSON lines")
     args = parser.parse_args(argv)
@@ -94,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.noise_correction:
                 sampler.grad_noise_var = TEST_GRAD_NOISE_STD**2
             sampler.grad_noise_estimate = args.noise_estimate
-            sampler.leapfrog, sampler.thermostat = args.leapfrog, args.thermostat
+            if args.leapfrog is not None:
+                sampler.leapfrog = args.leapfrog
+            if args.thermostat is not None:
+                sampler.thermostat = args.thermostat
             conflict = gamma_conflict(0.0, sampler.thermostat, sampler.gamma)
             if conflict:
                 raise ValueError(f"{path}: {conflict}")

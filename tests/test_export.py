@@ -58,6 +58,7 @@ SETTINGS = dict(
     d_clamp=4.0,
     grad_input="per_datum",
     friction_units="per_step",
+    leapfrog=True,
 )
 BUFFERS = dict(energy_loc=0.3, energy_std=2.0, momentum_std=0.8, grad_std=1.7, train_dim=4)
 # (attribute path on the sampler, value expected from SETTINGS)
@@ -82,6 +83,7 @@ CONSTANTS = {
     "d_clamp": 4.0,
     "grad_input": "per_datum",
     "friction_units": "per_step",
+    "leapfrog": True,
 }
 
 
@@ -247,7 +249,7 @@ def test_header_contents(saved):
     sampler, path = saved
     header = read_header(path)
     assert header["format"] == FORMAT == "metasampler.nnsghmc"
-    assert header["format_version"] == FORMAT_VERSION == 8
+    assert header["format_version"] == FORMAT_VERSION == 9
     assert header["checksum"]["algorithm"] == CHECKSUM_FULL
     assert header["architecture"] == {
         "q_hidden": [8, 6],
@@ -266,6 +268,8 @@ def test_header_contents(saved):
     assert header["constants"]["friction_units"] == "per_step"
     assert header["constants"]["precondition_power"] == 0.0  # (format 6)
     assert header["constants"]["stiffness_freeze_after"] is None  # (format 8)
+    assert header["constants"]["thermostat"] is False  # (format 9)
+    assert header["constants"]["leapfrog"] is True
     assert header["training"] == {"eta": 0.03, "lr": None, "temperature": 1.0}
     assert header["statistics"] == {k: v for k, v in BUFFERS.items() if k != "train_dim"}
     assert header["train_dim"] == 4
@@ -488,14 +492,14 @@ def test_wrong_format_name(saved, tmp_path):
         load_sampler(bad)
 
 
-@pytest.mark.parametrize("version", [99, 0, "1", 9])
+@pytest.mark.parametrize("version", [99, 0, "1", 10])
 def test_other_format_version(saved, tmp_path, version):
     _, path = saved
     bad = rewrite(
         path, tmp_path / "v.safetensors", header=lambda h: h.update(format_version=version)
     )
     message = f"written by format version {version!r}; this metasampler reads versions "
-    message += "1, 2, 3, 4, 5, 6, 7 and 8"
+    message += "1, 2, 3, 4, 5, 6, 7, 8 and 9"
     with pytest.raises(SamplerFileError, match=re.escape(message)):
         load_sampler(bad)
     assert read_header(bad)["format_version"] == version  # inspection still works
@@ -506,14 +510,14 @@ def as_version_1(header: dict) -> None:
     energy_input (version 3), q_momentum_input (version 4), q_stiffness_input and
     stiffness_decay (version 5), precondition_power and precondition_range (version 6),
     q_output, momentum_input_clamp and speed_limit (version 7), stiffness_freeze_after
-    (version 8) existed."""
+    (version 8), thermostat and leapfrog (version 9) existed."""
     header["format_version"] = 1
     for name in ("q_output", "q_momentum_input", "q_stiffness_input"):
         del header["architecture"][name]
     for name in (
         "d_clamp", "grad_input", "friction_units", "energy_input", "stiffness_decay",
         "precondition_power", "precondition_range", "momentum_input_clamp", "speed_limit",
-        "stiffness_freeze_after",
+        "stiffness_freeze_after", "thermostat", "leapfrog",
     ):  # fmt: skip
         del header["constants"][name]
     header["checksum"]["algorithm"] = "sha256"  # over the tensors only (set by rewrite)
@@ -523,6 +527,7 @@ def test_version_1_file_loads_with_the_old_behaviour(tmp_path):
     # A sampler with the constants' defaults, saved as version 2 and rewritten as version 1:
     # same constants, same trajectory.
     defaults = {"d_clamp": None, "grad_input": "standardised", "friction_units": "absolute"}
+    defaults["leapfrog"] = False
     sampler = NNSGHMC(**{**SETTINGS, **defaults}, seed=3)
     for name, value in BUFFERS.items():
         getattr(sampler, name).fill_(value)
@@ -560,6 +565,7 @@ def test_version_1_file_loads_with_the_old_behaviour(tmp_path):
 
 def test_upgrading_a_version_1_file_keeps_everything_and_adds_the_full_checksum(tmp_path):
     defaults = {"d_clamp": None, "grad_input": "standardised", "friction_units": "absolute"}
+    defaults["leapfrog"] = False
     sampler = NNSGHMC(**{**SETTINGS, **defaults}, seed=3)
     for name, value in BUFFERS.items():
         getattr(sampler, name).fill_(value)
@@ -578,6 +584,32 @@ def test_upgrading_a_version_1_file_keeps_everything_and_adds_the_full_checksum(
         assert torch.equal(upgraded.state_dict()[name], value), name
     expected = {**CONSTANTS, **defaults}
     assert {key: attr(upgraded, key) for key in expected} == expected
+
+
+def test_the_thermostat_is_stored_and_a_version_8_file_runs_without_it(tmp_path):
+    # Version 9 stores the sampler's thermostat and leapfrog positions, so a file recommends
+    # how it is run; a version-8 file has neither and runs without both, as it did.
+    sampler = NNSGHMC(eta=0.03, seed=3, thermostat=True)
+    path = tmp_path / "v9.safetensors"
+    save_sampler(sampler, path)
+    assert read_header(path)["constants"]["thermostat"] is True
+    loaded = load_sampler(path)
+    assert loaded.thermostat and not loaded.leapfrog
+    assert torch.equal(toy_run(loaded), toy_run(sampler))
+
+    def as_version_8(header: dict) -> None:
+        header["format_version"] = 8
+        del header["constants"]["thermostat"], header["constants"]["leapfrog"]
+
+    old = load_sampler(rewrite(path, tmp_path / "v8.safetensors", header=as_version_8))
+    assert not old.thermostat and not old.leapfrog
+    sampler.thermostat = False
+    assert torch.equal(toy_run(old), toy_run(sampler))
+    with pytest.raises(SamplerFileError, match="'constants.thermostat' must be true or false"):
+        load_sampler(
+            rewrite(path, tmp_path / "x.safetensors", header=lambda h: h["constants"].update(
+                thermostat=1))
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("path", sorted((TESTS_DIR.parent / "pretrained").glob("*.safetensors")))

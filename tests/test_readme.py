@@ -104,6 +104,21 @@ def test_quickstart_toy_part_runs(capsys):
     assert all(v == v and v >= 0 for v in values)  # KL, ESS and seconds are finite numbers
 
 
+def test_quickstart_without_the_noise_runs_the_file_that_stores_a_thermostat(capsys):
+    sys.path.insert(0, str(ROOT))
+    try:
+        import quickstart
+    finally:
+        sys.path.remove(str(ROOT))
+    argv = ["--n-steps", "50", "--n-chains", "4", "--no-transfer", "--noise", "unknown"]
+    assert quickstart.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "toy_gaussian_stiffness.safetensors (inside its stored thermostat)" in out
+    assert quickstart.main(argv[:-2]) == 0  # (the default: the noise-estimating file)
+    out = capsys.readouterr().out
+    assert "toy_gaussian_noise_estimate.safetensors\n" in out and "thermostat)" not in out
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
     [("--n-steps", "-5"), ("--n-chains", "x"), ("--eta", "nan"), ("--threads", "0")],

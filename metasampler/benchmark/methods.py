@@ -14,6 +14,7 @@ tuned step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -140,13 +141,14 @@ class NNSGHMCMethod(MethodGrid):
     # A Nosé–Hoover thermostat per coordinate around the learned step (the sampler's
     # `thermostat`: mSGNHT's feedback on the momentum's temperature, which takes out the heat of
     # the gradient noise without an estimate of it; needs gamma exact; docs/RESULTS.md,
-    # session 54).
-    thermostat: bool = False
+    # session 54); null keeps the file's (format version 9 stores it; older files: off).
+    thermostat: bool | None = None
     # The positions of the leapfrog splitting: the gradient is taken half a position step
     # ahead of the reported position, which is the midpoint of two gradient points (the
     # sampler's `leapfrog`): exact positions for a Gaussian at any stiffness, where the
-    # modified Euler step's positions run hot in stiff directions (docs/RESULTS.md, session 55).
-    leapfrog: bool = False
+    # modified Euler step's positions run hot in stiff directions (docs/RESULTS.md, session 55);
+    # null keeps the file's.
+    leapfrog: bool | None = None
 
 
 @dataclass
@@ -299,32 +301,41 @@ _FILE_CONSTANTS = {
     "speed_limit": float,
     "precondition_power": float,
     "stiffness_freeze_after": int,
+    "thermostat": bool,
+    "leapfrog": bool,
 }
 
 
 def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:
     if ctx.sampler_path is None:
         raise ValueError("nnsghmc needs a sampler file (sampler_path or --sampler)")
-    gamma = options.get("gamma")
-    gamma = getattr(gamma, "value", gamma)
-    sampler = load_sampler(ctx.sampler_path, lr=lr, gamma=gamma, device=ctx.device)
+    sampler = load_sampler(ctx.sampler_path, lr=lr, device=ctx.device)
+    _replace_file_constants(sampler, options, ctx.sampler_path)
     sampler.use_compile = options["compile"]
     decay = options.get(FRICTION)
     if decay is not None:  # the constant friction per step a, replacing the file's
         per_step = sampler.friction_units == "per_step"
         eta = resolve_eta(sampler.eta, sampler.lr, ctx.n_data, sampler.order)
         sampler.c = decay if per_step else decay / eta
-    for name, kind in _FILE_CONSTANTS.items():
-        if options.get(name) is not None:
-            setattr(sampler, name, kind(options[name]))
     sampler.grad_noise_estimate = bool(options.get("grad_noise_estimate", False))
     sampler.grad_noise_friction = bool(options.get("grad_noise_friction", False))
-    sampler.thermostat = bool(options.get("thermostat", False))
-    sampler.leapfrog = bool(options.get("leapfrog", False))
-    conflict = gamma_conflict(sampler.precondition_power, sampler.thermostat, sampler.gamma)
-    if conflict:
-        raise ValueError(f"{ctx.sampler_path}: {conflict}")
     return sampler
+
+
+def _replace_file_constants(sampler: Sampler, options: Mapping[str, Any], path: str) -> None:
+    """The file's constants that the section sets (``gamma`` and :data:`_FILE_CONSTANTS`),
+    checked together, so that e.g. finite-difference Gamma can replace a file's thermostat."""
+    gamma = options.get("gamma")
+    replaced = {"gamma": getattr(gamma, "value", gamma)} if gamma is not None else {}
+    for name, kind in _FILE_CONSTANTS.items():
+        if options.get(name) is not None:
+            replaced[name] = kind(options[name])
+    try:
+        args = dataclasses.replace(sampler.arguments(), **replaced)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    for name in replaced:
+        setattr(sampler, name, getattr(args, name))
 
 
 def _cnnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:

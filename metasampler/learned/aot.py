@@ -168,7 +168,22 @@ def energy_index(spec: KernelSpec) -> int:
 def n_coordinate_inputs(spec: KernelSpec) -> int:
     """How many leading entries of :func:`flat_inputs` are coordinate (or per-chain energy)
     tensors; the scalars and the nets' weights follow them."""
-    return energy_index(spec) + 1 + spec.noise + 4 * spec.cache + spec.stiffness + spec.noise_var
+    coords = spec.noise + 4 * spec.cache + spec.stiffness + spec.noise_var + spec.cfg.thermostat
+    return energy_index(spec) + 1 + coords
+
+
+def carried(cache: tuple | None, xi: Tensor | None) -> tuple[Tensor, ...]:
+    """What a step hands the next one besides ``theta`` and ``p``, as flat outputs: the
+    finite-difference cache's last three entries (its first is the energy input, which the
+    caller has) and the thermostat."""
+    return (() if cache is None else tuple(cache[1:])) + (() if xi is None else (xi,))
+
+
+def uncarried(cfg: StepConfig, flat: tuple, energy: Tensor) -> tuple:
+    """The inverse of :func:`carried`: ``(cache, xi)`` in :func:`nnsghmc_update`'s form
+    (``energy``: the cache's first entry, the energy input as passed)."""
+    cache = (energy, *flat[:3]) if cfg.gamma == "finite_difference" else None
+    return cache, (flat[-1] if cfg.thermostat else None)
 
 
 def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
@@ -189,6 +204,7 @@ def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
     flat += [energy(args.cache[0]), *args.cache[1:]] if spec.cache else []
     flat += [args.stiffness] if spec.stiffness else []
     flat += [args.noise_var] if spec.noise_var else []
+    flat += [args.xi] if spec.cfg.thermostat else []
     # The package assumes dense row-major inputs and does not check: an expanded view (e.g.
     # the cached Q_f of an energy-only curl) would be read as the wrong numbers.
     flat = [x.contiguous() for x in flat]
@@ -197,8 +213,8 @@ def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
 
 
 def step_from_flat(spec: KernelSpec, *flat: Tensor) -> tuple[Tensor, ...]:
-    """:func:`nnsghmc_update` on :func:`flat_inputs`; returns ``(theta, p, check)`` and, for
-    finite differences, the cache's last three entries (its first is the energy input)."""
+    """:func:`nnsghmc_update` on :func:`flat_inputs`; returns ``(theta, p, check)`` and what
+    the step carries to the next (:func:`carried`)."""
     it = iter(flat)
     theta, p, grad = next(it), next(it), next(it)
     prior_grad = next(it) if spec.prior else None
@@ -207,13 +223,15 @@ def step_from_flat(spec: KernelSpec, *flat: Tensor) -> tuple[Tensor, ...]:
     cache = tuple(next(it) for _ in range(4)) if spec.cache else None
     stiffness = next(it) if spec.stiffness else None
     noise_var = next(it) if spec.noise_var else None
+    xi = next(it) if spec.cfg.thermostat else None
     v = dict(zip(SCALARS, next(it).unbind(0), strict=True))
     q_net = _net_from(it, _n_layers(spec.q_shapes))
     d_net = _net_from(it, _n_layers(spec.d_shapes))
     out = nnsghmc_update(
-        theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, spec.cfg, stiffness, noise_var
-    )
-    return out[:3] + (() if out[3] is None else tuple(out[3][1:]))
+        theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, spec.cfg, stiffness,
+        noise_var, xi,
+    )  # fmt: skip
+    return out[:3] + carried(out[3], out[4])
 
 
 class _Step(torch.nn.Module):
@@ -255,6 +273,7 @@ def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], list[dict | None]]:
         coords(3)
     coords(spec.stiffness)
     coords(spec.noise_var)
+    coords(spec.cfg.thermostat)
     add((len(SCALARS),))
     flat[-1] = flat[-1].abs() + 0.5  # (positive scalars, e.g. eta)
     for shape in (*spec.q_shapes, *spec.d_shapes):
@@ -504,10 +523,7 @@ def call_flat(runner: Callable, args: StepArgs, spec: KernelSpec) -> tuple:
     ``args``, with the result in :func:`nnsghmc_update`'s form."""
     flat = flat_inputs(args, spec)
     out = runner(*flat)
-    cache = None
-    if spec.cfg.gamma == "finite_difference":
-        cache = (flat[energy_index(spec)], *out[3:])  # (the energy input, as passed)
-    return out[0], out[1], out[2], cache
+    return (*out[:3], *uncarried(spec.cfg, out[3:], flat[energy_index(spec)]))
 
 
 @contextlib.contextmanager

@@ -18,6 +18,8 @@ from ..integrators import (
     complete_recipe_momentum,
     complete_recipe_position,
     gradient_noise_diffusion,
+    thermostat_feedback,
+    thermostat_friction,
 )
 from .nets import NetParams, coordinate_mlp
 
@@ -51,6 +53,7 @@ class StepConfig:
     q_output: str = "identity"  # f_phiQ's output transform ("softplus": Q_f >= 0)
     clamp_p: bool = False  # the nets' momentum input is clamped (momentum_input_clamp is set)
     limit_speed: bool = False  # Q_f / sqrt(1 + (p_hat / m)^2) (speed_limit is set)
+    thermostat: bool = False  # a Nosé–Hoover friction xi per coordinate around the step
 
     @property
     def curl_sees_momentum(self) -> bool:
@@ -216,7 +219,8 @@ def nnsghmc_update(
     cfg: StepConfig,
     stiffness: Tensor | None = None,
     noise_var: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor] | None]:
+    xi: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor] | None, Tensor | None]:
     """One NNSGHMC step (modified Euler), pure and element-wise over the coordinates.
 
     Args:
@@ -229,11 +233,18 @@ def nnsghmc_update(
         stiffness: ``(K, D)`` stiffness input of ``f_phiQ`` (``cfg.q_stiffness``), else ``None``.
         noise_var: ``(K, D)`` estimated variance of ``grad``'s noise (``cfg.noise_correction``
             with an estimate); ``None``: the known ``v["grad_noise_var"]``.
+        xi: ``(K, D)`` thermostat (``cfg.thermostat``): the step runs between two halves of
+            its friction, ``p exp(-eta xi / 2)``, and ``xi`` follows the step's mean momentum
+            (frozen without noise, ``T = 0``).
 
     Returns:
-        ``(theta_{t+1}, p_{t+1}, sum(Q_f + D_f), new cache)``; the sum is for a cheap
-        finiteness check, the cache ``None`` unless ``cfg.gamma == "finite_difference"``.
+        ``(theta_{t+1}, p_{t+1}, sum(Q_f + D_f), new cache, xi_{t+1})``; the sum is for a cheap
+        finiteness check, the cache ``None`` unless ``cfg.gamma == "finite_difference"``,
+        ``xi_{t+1}`` ``None`` unless ``cfg.thermostat``.
     """
+    eta, temperature = v["eta"], v["temperature"]
+    if cfg.thermostat:
+        p = thermostat_friction(p, xi, 0.5 * eta)
     p_hat = p * v["inv_sp"]
     g_hat = grad * v["g_scale"]
     du = grad if prior_grad is None else grad - v["prior_w"] * prior_grad
@@ -248,7 +259,6 @@ def nnsghmc_update(
     q, d, gamma_p, _ = nnsghmc_coefficients(
         u, p_hat, g_hat, du, q_net, d_net, v, cfg, cache, stiffness, friction_var
     )
-    eta, temperature = v["eta"], v["temperature"]
     new_p = complete_recipe_momentum(p, grad, q, d, gamma_p, noise, eta, temperature, noise_var)
     new_p_hat = new_p * v["inv_sp"]
     if cfg.detach:
@@ -264,8 +274,16 @@ def nnsghmc_update(
         new_cache = (u, q_tilde, p_hat, torch.zeros_like(q) if dqt_dph is None else dqt_dph)
     gamma_theta = None if dqt_dph is None else -dqt_dph * v["inv_sp"]
     new_theta = complete_recipe_position(theta, new_p, q_tilde, gamma_theta, eta, temperature)
+    new_xi = None
+    if cfg.thermostat:
+        # the feedback on the step's mean momentum (frozen without noise, T = 0), and the
+        # second friction half with the first half's xi, so that the two mirror each other
+        new_xi = xi
+        if noise is not None:
+            new_xi = thermostat_feedback(xi, 0.5 * (p + new_p), eta, temperature)
+        new_p = thermostat_friction(new_p, xi, 0.5 * eta)
     # one reduction (two made inductor store D_f for a second loop over it)
-    return new_theta, new_p, (q + d).sum(), new_cache
+    return new_theta, new_p, (q + d).sum(), new_cache, new_xi
 
 
 class StepArgs(NamedTuple):
@@ -284,6 +302,7 @@ class StepArgs(NamedTuple):
     cfg: Any
     stiffness: Tensor | None = None
     noise_var: Tensor | None = None
+    xi: Tensor | None = None
 
     def columns(self, cols: slice) -> StepArgs:
         """The same step restricted to the coordinate columns ``cols``."""
@@ -295,5 +314,5 @@ class StepArgs(NamedTuple):
         return self._replace(
             theta=cut(self.theta), p=cut(self.p), grad=cut(self.grad),
             prior_grad=cut(self.prior_grad), u=cut(self.u), noise=cut(self.noise), cache=cache,
-            stiffness=cut(self.stiffness), noise_var=cut(self.noise_var),
+            stiffness=cut(self.stiffness), noise_var=cut(self.noise_var), xi=cut(self.xi),
         )  # fmt: skip

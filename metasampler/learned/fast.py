@@ -77,8 +77,8 @@ _BLOCK_COORDS = 1 << 14
 # SGHMC step on an H200 (speed/device_check.py); 4M coordinates x 40 units is 0.7 GB a tensor.
 _GPU_BLOCK_COORDS = 1 << 22
 # The first entries of `_flatten`'s list: theta, p, grad, prior_grad, u, noise, cache x 4,
-# stiffness, noise_var.
-_N_COORDS = 12
+# stiffness, noise_var, xi.
+_N_COORDS = 13
 
 
 def _column_blocks(args: StepArgs) -> list[slice]:
@@ -93,12 +93,14 @@ def _join(parts: list[tuple]) -> tuple:
     theta = torch.cat([r[0] for r in parts], -1)
     p = torch.cat([r[1] for r in parts], -1)
     check = sum(r[2] for r in parts)
-    cache = None
+    cache = xi = None
     if parts[0][3] is not None:
         u = parts[0][3][0]
         cache = (u if u.shape[-1] == 1 else torch.cat([r[3][0] for r in parts], -1),)
         cache += tuple(torch.cat([r[3][i] for r in parts], -1) for i in (1, 2, 3))
-    return theta, p, check, cache
+    if parts[0][4] is not None:
+        xi = torch.cat([r[4] for r in parts], -1)
+    return theta, p, check, cache, xi
 
 
 def run_blocks(args: StepArgs) -> tuple:
@@ -116,7 +118,7 @@ def _flatten(args: StepArgs) -> tuple[list[Tensor | None], Callable[[list], Step
     cache = list(args.cache) if args.cache is not None else [None] * 4
     nets = [t for layer in (*q_layers, q_head, *d_layers, d_head) for t in layer]
     coords = [args.theta, args.p, args.grad, args.prior_grad, args.u, args.noise, *cache]
-    coords += [args.stiffness, args.noise_var]
+    coords += [args.stiffness, args.noise_var, args.xi]
 
     def rebuild(tensors: list) -> StepArgs:
         it = iter(tensors[len(coords) :])
@@ -130,7 +132,8 @@ def _flatten(args: StepArgs) -> tuple[list[Tensor | None], Callable[[list], Step
         return args._replace(
             theta=tensors[0], p=tensors[1], grad=tensors[2], prior_grad=tensors[3],
             u=tensors[4], noise=tensors[5], cache=None if c[0] is None else tuple(c),
-            stiffness=tensors[10], noise_var=tensors[11], q_net=q_net, d_net=d_net,
+            stiffness=tensors[10], noise_var=tensors[11], xi=tensors[12], q_net=q_net,
+            d_net=d_net,
         )  # fmt: skip
 
     return coords + nets, rebuild
@@ -145,11 +148,9 @@ class _Recomputed(torch.autograd.Function):
         ctx.rebuild, ctx.n = rebuild, len(tensors)
         ctx.save_for_backward(*tensors)
         with torch.no_grad():
-            theta, p, check, cache = run_blocks(rebuild(list(tensors)))
+            theta, p, check, cache, xi = run_blocks(rebuild(list(tensors)))
         ctx.mark_non_differentiable(check)
-        if cache is None:
-            return theta, p, check
-        return theta, p, check, cache[1], cache[2], cache[3]
+        return theta, p, check, *aot.carried(cache, xi)
 
     @staticmethod
     def backward(ctx, *grad_out: Tensor):
@@ -167,8 +168,8 @@ class _Recomputed(torch.autograd.Function):
                 for t, w in zip(flat, wanted, strict=True)
             ]
             with torch.enable_grad():
-                theta, p, _, cache = nnsghmc_update(*rebuild(leaves))
-            outputs = [theta, p] + ([] if cache is None else list(cache[1:]))
+                theta, p, _, cache, xi = nnsghmc_update(*rebuild(leaves))
+            outputs = [theta, p, *aot.carried(cache, xi)]
             upstream = grad_out[:2] + grad_out[3:]  # (check has none)
             pairs = [
                 (out, g[..., cols])
@@ -199,11 +200,8 @@ def run_recompute(args: StepArgs) -> tuple:
     """:func:`nnsghmc_update` with the recomputing backward."""
     tensors, _ = _flatten(args)
     out = _Recomputed.apply(args, *tensors)
-    cache = None
-    if len(out) == 6:
-        u = args.u.detach() if args.cfg.detach else args.u
-        cache = (u, out[3], out[4], out[5])
-    return out[0], out[1], out[2], cache
+    u = args.u.detach() if args.cfg.detach else args.u
+    return (*out[:3], *aot.uncarried(args.cfg, out[3:], u))
 
 
 # -- compiled ----------------------------------------------------------------------------------

@@ -97,4 +97,5 @@ def step_config(sampler: Sampler, gamma: str, detach: bool) -> StepConfig:
         noise_correction=noise_correction,
         noise_friction=noise_correction and sampler.grad_noise_friction,
         precondition=sampler.preconditioned,
+        thermostat=sampler.thermostat,
     )

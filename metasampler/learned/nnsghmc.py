@@ -96,7 +96,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..integrators import gaussian_like, thermostat_feedback, thermostat_friction
+from ..integrators import gaussian_like
 from ..nnsghmc_args import (
     CONSTANTS,
     FRICTION_UNITS,
@@ -133,14 +133,9 @@ __all__ = [
 #: The constants ``repr`` shows after the step.
 _REPR_FIELDS = (
     "gamma", "beta_off", "alpha", "c", "q_clamp", "d_output_scale", "d_clamp",
-    "momentum_input_clamp", "speed_limit", "grad_input", "friction_units",
+    "momentum_input_clamp", "speed_limit", "grad_input", "friction_units", "thermostat",
+    "leapfrog",
 )  # fmt: skip
-
-
-def _check_thermostat(thermostat: bool, gamma: str) -> None:
-    conflict = gamma_conflict(0.0, thermostat, gamma)
-    if conflict:
-        raise ValueError(f"NNSGHMC: {conflict}")
 
 
 class NNSGHMC(nn.Module, Sampler):
@@ -181,16 +176,6 @@ class NNSGHMC(nn.Module, Sampler):
                 step multiplies the momentum by ``1 - eta D_f``, so where ``eta B / T`` nears 2
                 per step (a large ``V`` at a large step) it overshoots and the chain diverges
                 (docs/RESULTS.md, session 53). Not exported; settable as an attribute.
-            thermostat: a Nosé–Hoover thermostat per coordinate (``state.extras["xi"]``, from
-                0) whose friction rises where the momentum runs hotter than ``T``: it takes
-                out gradient-noise heat without knowing ``V`` (the equations above). Frozen
-                while ``T = 0``. Needs ``gamma="exact"`` (or ``"none"``): it moves ``p``
-                between steps, which the finite-difference secants assume fixed. Not
-                exported; settable as an attribute.
-            leapfrog: report the midpoints of the chain's gradient points (the equations
-                above): exact positions for a Gaussian at any stiffness. For sampling only
-                (meta-training pairs each position with its gradient). Not exported; settable
-                as an attribute.
             **arguments: the architecture and constants, the fields of
                 :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
                 attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).
@@ -213,8 +198,6 @@ class NNSGHMC(nn.Module, Sampler):
         grad_noise_var: float = 0.0,
         grad_noise_estimate: bool = False,
         grad_noise_friction: bool = False,
-        thermostat: bool = False,
-        leapfrog: bool = False,
         **arguments: Any,
     ) -> None:
         nn.Module.__init__(self)
@@ -226,13 +209,6 @@ class NNSGHMC(nn.Module, Sampler):
                 "the posterior. Use it only as a diagnostic.",
                 stacklevel=2,
             )
-        for name in ("q_stiffness_input", "precondition_power"):
-            if getattr(args, name) and args.gamma == "finite_difference":
-                raise ValueError(
-                    f"{name} needs gamma='exact' (or 'none'): the finite-difference secant "
-                    "in U would also see the stiffness change between steps"
-                )
-        _check_thermostat(thermostat, args.gamma)
         # (U, p_i) or U alone, and the stiffness s_i
         q_inputs = 1 + args.q_momentum_input + args.q_stiffness_input
         self.q_momentum_input = args.q_momentum_input
@@ -250,8 +226,6 @@ class NNSGHMC(nn.Module, Sampler):
         self.grad_noise_var = float(grad_noise_var)
         self.grad_noise_estimate = bool(grad_noise_estimate)
         self.grad_noise_friction = bool(grad_noise_friction)
-        self.thermostat = bool(thermostat)
-        self.leapfrog = bool(leapfrog)
         # Not `self.compile`: that would shadow nn.Module.compile.
         self.use_compile = compile
         self.step_path = "auto"  # see `fast.PATHS`
@@ -341,6 +315,12 @@ class NNSGHMC(nn.Module, Sampler):
         return state
 
     def _step(self, state, target, eta, temperature, generator):
+        # (constants set on a loaded sampler are checked here; the constructor checks its own)
+        conflict = gamma_conflict(
+            self.precondition_power, self.thermostat, self.gamma, self.q_stiffness_input
+        )
+        if conflict:
+            raise ValueError(f"NNSGHMC: {conflict}")
         k = state.step + 1
         second_order = not self.detach_inputs and torch.is_grad_enabled()
         estimate = self.grad_noise_estimate
@@ -353,8 +333,7 @@ class NNSGHMC(nn.Module, Sampler):
         with aot.leaving_a_core_to_builds():
             ev = self.evaluate(target, theta, k, generator, second_order, estimate)
         u, prior_grad = self._energy_input(ev, target)
-        xi = self._thermostat_state(state.momentum, extras)
-        p = state.momentum if xi is None else thermostat_friction(state.momentum, xi, 0.5 * eta)
+        p = state.momentum
         gamma = self.gamma if temperature > 0 else "none"
         cache = None
         if gamma == "finite_difference" and "q_tilde" in extras:
@@ -373,8 +352,9 @@ class NNSGHMC(nn.Module, Sampler):
         args = StepArgs(
             theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype), v,
             self._config(gamma, self.detach_inputs), stiffness, chain_stats.get("noise_var"),
+            self._thermostat_state(p, extras),
         )  # fmt: skip
-        new_theta, new_p, check, new_cache = run_step(args, self)
+        new_theta, new_p, check, new_cache, xi = run_step(args, self)
         if not bool(torch.isfinite(check)):
             # Name the chain and quantity (recomputed only in this rare case).
             q, d, _, _ = nnsghmc_coefficients(
@@ -387,12 +367,7 @@ class NNSGHMC(nn.Module, Sampler):
             extras = dict(zip(("u", "q_tilde", "p_hat", "dq_dph"), new_cache, strict=True))
         extras.update(chain_stats)
         if xi is not None:
-            # the feedback on the step's mean momentum p_bar (module docstring), and the second
-            # friction half with the first half's xi, so that the two mirror each other
             extras["xi"] = xi
-            if temperature > 0:
-                extras["xi"] = thermostat_feedback(xi, 0.5 * (p + new_p), eta, temperature)
-            new_p = thermostat_friction(new_p, xi, 0.5 * eta)
         if self.leapfrog:  # report the midpoint of two gradient points (module docstring)
             extras["half_step"] = 0.5 * (new_theta - theta)
             new_theta = new_theta - extras["half_step"]
@@ -402,7 +377,6 @@ class NNSGHMC(nn.Module, Sampler):
         """The chains' thermostat ``xi`` (0 at first); ``None`` without a thermostat."""
         if not self.thermostat:
             return None
-        _check_thermostat(True, self.gamma)
         xi = extras.get("xi")
         return torch.zeros_like(p) if xi is None else xi
 

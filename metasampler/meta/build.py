@@ -20,8 +20,7 @@ def build_sampler(cfg: Any, seed: int = 0) -> NNSGHMC:
     friction = bool(cfg.get("grad_noise_friction", False))
     return NNSGHMC(
         eta=cfg.eta, lr=cfg.lr, seed=seed, grad_noise_var=noise_var,
-        grad_noise_estimate=estimate, grad_noise_friction=friction,
-        thermostat=bool(cfg.get("thermostat", False)), **args.as_kwargs(),
+        grad_noise_estimate=estimate, grad_noise_friction=friction, **args.as_kwargs(),
     )  # fmt: skip
 
 

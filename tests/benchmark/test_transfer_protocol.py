@@ -12,7 +12,7 @@ import torch
 from test_evaluation import sgld_validation_objective
 
 from experiments.benchmark_config import load_benchmark_config
-from metasampler import NNSGHMC, sample
+from metasampler import NNSGHMC, load_sampler, sample
 from metasampler.benchmark import (
     METHODS,
     apply_warmup,
@@ -603,6 +603,26 @@ def test_the_thermostat_can_be_set_for_a_file_and_needs_exact_gamma(tmp_path):
     assert load_benchmark_config(
         None, ["methods.nnsghmc.thermostat=true"]
     ).methods.nnsghmc.thermostat
+
+
+def test_a_files_stored_thermostat_is_kept_unless_the_section_replaces_it(tmp_path):
+    """A file that stores ``thermostat = True`` (format version 9) runs with it; a section's
+    ``thermostat=false`` with finite-difference Gamma replaces both at once, while Gamma alone
+    is an error naming the file (``load_sampler``'s own override too, as an argument error)."""
+    path = tmp_path / "t.safetensors"
+    _nnsghmc(c=0.3, friction_units="per_step", thermostat=True).save(str(path))
+    kept = build_method("nnsghmc", {}, 0.02, n_data=120, n_steps=10, sampler_path=path)
+    assert kept.thermostat and kept.gamma == "exact"
+    options = {"thermostat": False, "gamma": "finite_difference"}
+    replaced = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=path)
+    assert not replaced.thermostat and replaced.gamma == "finite_difference"
+    with pytest.raises(ValueError, match=f"{path.name}: thermostat needs exact Gamma"):
+        build_method(
+            "nnsghmc", {"gamma": "finite_difference"}, 0.02, n_data=120, n_steps=10,
+            sampler_path=path,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="gamma='finite_difference' cannot run .*thermostat"):
+        load_sampler(path, gamma="finite_difference")
 
 
 def test_leapfrog_positions_can_be_set_for_a_file(tmp_path):

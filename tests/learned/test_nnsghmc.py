@@ -298,6 +298,34 @@ def test_leapfrog_keeps_the_target_with_state_dependent_nets_and_gamma_is_still_
         must_fail(check, "no Gamma: the chains must be off") if gamma == "none" else check()
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_the_thermostat_step_is_the_plain_step_between_two_friction_halves(temperature):
+    # With the thermostat a step is: p exp(-eta xi / 2), the plain step from there (same noise),
+    # then p exp(-eta xi / 2) again, and xi + eta (p_bar^2 - T) on the mean momentum p_bar of
+    # the plain step (frozen at T = 0). Compiled or not, the step evaluates it in one function.
+    target = SplitPriorTarget()
+    gen = torch.Generator().manual_seed(5)
+    theta = torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    p = torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    xi = torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    eta = 0.05
+    steps = {}
+    for thermostat in (True, False):
+        sampler = strongly_state_dependent("exact", eta=eta, c=0.3, compile=False)
+        sampler.thermostat, sampler.temperature = thermostat, temperature
+        state = sampler.init(theta, target, torch.Generator().manual_seed(0))
+        state.momentum = p if thermostat else p * torch.exp(-0.5 * eta * xi)
+        if thermostat:
+            state.extras["xi"] = xi
+        steps[thermostat] = sampler.step(state, target, torch.Generator().manual_seed(7))
+    inner = steps[False]
+    p_in = p * torch.exp(-0.5 * eta * xi)
+    feedback = eta * ((0.5 * (p_in + inner.momentum)) ** 2 - temperature)
+    torch.testing.assert_close(steps[True].theta, inner.theta)
+    torch.testing.assert_close(steps[True].momentum, inner.momentum * torch.exp(-0.5 * eta * xi))
+    torch.testing.assert_close(steps[True].extras["xi"], xi + feedback * (temperature > 0))
+
+
 def test_the_thermostat_refuses_finite_difference_gamma_and_carries_its_state():
     with pytest.raises(ValueError, match="thermostat needs exact Gamma"):
         NNSGHMC(eta=0.03, gamma="finite_difference", thermostat=True)
@@ -751,7 +779,11 @@ CURL_INPUTS = {
     "momentum+noise friction": dict(
         q_momentum_input=True, grad_noise_estimate=True, grad_noise_friction=True
     ),
+    # not a curl input: mSGNHT's thermostat around the step, carried from step to step
+    "momentum+thermostat": dict(q_momentum_input=True, thermostat=True),
 }
+#: Curl inputs and options that need exact Gamma.
+EXACT_ONLY = ("stiffness", "preconditioned", "thermostat")
 
 
 @pytest.mark.parametrize("hidden", [(6,), (5, 4)])
@@ -762,9 +794,9 @@ CURL_INPUTS = {
     + [
         ("finite_difference", curl)
         for curl in CURL_INPUTS
-        if "stiffness" not in curl and "preconditioned" not in curl
+        if not any(name in curl for name in EXACT_ONLY)
     ],
-)  # (the stiffness, as an input or a preconditioner, needs exact Gamma)
+)
 def test_plain_blocked_and_recomputed_steps_agree(hidden, gamma, temperature, curl, monkeypatch):
     from metasampler.learned import fast
 
@@ -830,7 +862,7 @@ def test_recomputing_backward_equals_autograd_and_finite_differences(gamma, deta
     ("gamma", "curl"),
     [("exact", "momentum"), ("finite_difference", "momentum"), ("finite_difference", "energy"),
      ("exact", "stiffness"), ("exact", "preconditioned"),
-     ("finite_difference", "momentum+positive")],
+     ("finite_difference", "momentum+positive"), ("exact", "momentum+thermostat")],
 )  # fmt: skip
 def test_compiled_training_step_gives_the_plain_meta_gradient(gamma, curl, monkeypatch):
     # The compiled training step (meta-training's train.compile_steps: the compiled step
@@ -904,7 +936,7 @@ COMPILED_CASES = {
         friction_units="per_step",  # (the shipped MNIST files': a scalar 1 / eta in the step)
     ),
     "momentum+positive+speed limit": CURL_INPUTS["momentum+speed limit"],
-    "momentum+quadsat": CURL_INPUTS["momentum+quadsat"],
+    "momentum+quadsat+thermostat": {**CURL_INPUTS["momentum+quadsat"], "thermostat": True},
     "energy": CURL_INPUTS["energy"],
     "stiffness+preconditioned": CURL_INPUTS["stiffness+preconditioned"],
 }
@@ -917,7 +949,7 @@ COMPILED_CASES = {
 COMPILED_PARAMS = [
     ((4,), "exact", "momentum+softsign+clamped+noise friction+per step"),
     ((4,), "finite_difference", "momentum+positive+speed limit"),
-    ((3, 3), "exact", "momentum+quadsat"),
+    ((3, 3), "exact", "momentum+quadsat+thermostat"),
     ((4,), "finite_difference", "energy"),
     ((4,), "exact", "stiffness+preconditioned"),
 ]

@@ -28,7 +28,8 @@ NON_DEFAULT = dict(
     detach_inputs=False, d_clamp=5.0, grad_input="per_datum", friction_units="per_step",
     energy_input="per_coordinate", q_momentum_input=False, q_stiffness_input=True,
     stiffness_decay=0.9, stiffness_freeze_after=200, precondition_power=0.5,
-    precondition_range=3.0, momentum_input_clamp=4.0, speed_limit=3.0,
+    precondition_range=3.0, momentum_input_clamp=4.0, speed_limit=3.0, thermostat=True,
+    leapfrog=True,
 )  # fmt: skip
 
 
@@ -73,10 +74,7 @@ def test_invalid_values_are_refused_naming_the_argument(name, bad):
 def test_the_config_schema_has_the_config_arguments_with_their_defaults():
     names = [f.name for f in dataclasses.fields(SamplerConfig)]
     config_args = [f.name for f in arg_fields() if f.metadata["config"]]
-    extras = [
-        "calibrate_steps", "grad_noise_var", "grad_noise_estimate", "grad_noise_friction",
-        "thermostat",
-    ]  # fmt: skip
+    extras = ["calibrate_steps", "grad_noise_var", "grad_noise_estimate", "grad_noise_friction"]
     assert names == ["eta", "lr", *config_args, *extras]
     assert "momentum_init" not in names  # (not a config key)
     assert NNSGHMCArgs.from_config(load_config(None, []).sampler) == NNSGHMCArgs()
@@ -86,10 +84,11 @@ def test_build_sampler_passes_every_config_argument():
     overrides = [
         f"sampler.{k}={list(v) if isinstance(v, tuple) else v}"
         for k, v in NON_DEFAULT.items()
-        if k != "momentum_init"
+        if k not in ("momentum_init", "leapfrog")  # (not config keys)
     ]
     sampler = build_sampler(load_config(None, overrides).sampler)
-    assert sampler.arguments() == NNSGHMCArgs(**{**NON_DEFAULT, "momentum_init": "normal"})
+    expected = {**NON_DEFAULT, "momentum_init": "normal", "leapfrog": False}
+    assert sampler.arguments() == NNSGHMCArgs(**expected)
 
 
 def test_the_header_sections_and_the_file_schema_follow_the_description():

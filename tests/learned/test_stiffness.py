@@ -192,9 +192,9 @@ def test_a_saved_stiffness_sampler_loads_and_samples_the_same(tmp_path, power):
 
 
 def test_stiffness_arguments_are_checked():
-    with pytest.raises(ValueError, match="gamma='exact'"):
+    with pytest.raises(ValueError, match="q_stiffness_input needs exact Gamma"):
         NNSGHMC(eta=0.1, q_stiffness_input=True, gamma="finite_difference")
-    with pytest.raises(ValueError, match="precondition_power needs gamma='exact'"):
+    with pytest.raises(ValueError, match="precondition_power 0.5 needs exact Gamma"):
         NNSGHMC(eta=0.1, precondition_power=0.5, gamma="finite_difference")
     with pytest.raises(ValueError, match="precondition_range"):
         NNSGHMC(eta=0.1, precondition_power=0.5, precondition_range=0.0)

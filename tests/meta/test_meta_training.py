@@ -231,6 +231,10 @@ def test_config_passes_the_new_sampler_constants_to_the_sampler():
     assert sampler.grad_noise_friction and sampler.thermostat
     with pytest.raises(ConfigError, match="sampler: thermostat needs exact Gamma"):
         load_config(None, ["sampler.thermostat=true", "sampler.gamma=finite_difference"])
+    with pytest.raises(ConfigError, match="sampler: q_stiffness_input needs exact Gamma"):
+        load_config(None, ["sampler.q_stiffness_input=true", "sampler.gamma=finite_difference"])
+    with pytest.raises(ConfigError, match="leapfrog"):  # (sampling only: not a config key)
+        load_config(None, ["sampler.leapfrog=true"])
     default = build_sampler(load_config(None, []).sampler)
     assert (default.d_clamp, default.grad_input, default.friction_units) == (
         None,
