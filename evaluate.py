@@ -118,14 +118,18 @@ def _sampler_path(cfg, option: str | None) -> str | None:
         raise _Stop(str(err)) from None
     except ValueError as err:  # e.g. no step given and none stored in the file
         raise _Stop(f"{sampler_path}: {err}") from None
-    for key in learned:  # the file's own Gamma with a preconditioner or thermostat set on it
+    for key in learned:  # the section's options, or the file's where the section has none
         section = cfg.methods[key]
         power = section.precondition_power
         power = sampler.precondition_power if power is None else power
         thermostat = sampler.thermostat if section.thermostat is None else section.thermostat
-        conflict = gamma_conflict(power, thermostat, section.gamma or sampler.gamma)
+        gamma = section.gamma or sampler.gamma
+        conflict = gamma_conflict(power, thermostat, gamma, sampler.q_stiffness_input)
         if conflict:
-            raise _Stop(f"{sampler_path} (the file's Gamma), methods.{key}: {conflict}")
+            raise _Stop(
+                f"{sampler_path} (its settings where methods.{key} gives none), "
+                f"methods.{key}: {conflict}"
+            )
     return sampler_path
 
 

@@ -329,7 +329,9 @@ class NNSGHMCArgs:
         "the noise (the complete recipe admits it: the sampler stays exact in the limit). "
         "Frozen while ``T = 0``. Needs ``gamma='exact'`` (or ``'none'``): it moves ``p`` "
         "between steps, which the finite-difference secants assume fixed. On the toy transfer "
-        "it lowers KL@12k by 20-40 % (docs/RESULTS.md, sessions 54-55). Not in the SPEC.",
+        "it lowers KL@12k by 20-40 % (docs/RESULTS.md, sessions 54-55); strong gradient noise "
+        "still heats the positions a little (``scripts/thermostat_probe.py``, session 56). Not "
+        "in the SPEC.",
         check="bool", since=9,
     )  # fmt: skip
     leapfrog: bool = _arg(

@@ -196,3 +196,24 @@ def test_evaluate_cli_rejects_an_exact_gamma_option_on_a_finite_difference_file(
     assert f"methods.nnsghmc: {message}" in proc.stderr
     assert "set gamma=exact" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_cli_rejects_finite_differences_on_a_file_that_stores_a_thermostat(tmp_path):
+    """A file that stores ``thermostat = True`` (format version 9) with
+    ``methods.nnsghmc.gamma=finite_difference`` stops before any work, naming the thermostat."""
+    from metasampler.learned import NNSGHMC
+
+    path = tmp_path / "thermostat.safetensors"
+    NNSGHMC(lr=0.01, q_hidden=(2,), d_hidden=(2,), thermostat=True).save(str(path))
+    proc = subprocess.run(
+        [
+            sys.executable, str(ROOT / "evaluate.py"),
+            "--config", str(ROOT / "configs" / "eval" / "quick.yaml"),
+            "--sampler", str(path), f"out_dir={tmp_path / 'out'}",
+            "methods.nnsghmc.gamma=finite_difference",
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "methods.nnsghmc: thermostat needs exact Gamma" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()

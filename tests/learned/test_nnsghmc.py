@@ -816,18 +816,25 @@ def test_plain_blocked_and_recomputed_steps_agree(hidden, gamma, temperature, cu
         torch.testing.assert_close(states[path].momentum.detach(), ref.momentum)
 
 
-@pytest.mark.parametrize("gamma", ["exact", "finite_difference"])
-@pytest.mark.parametrize("detach", [True, False])
-def test_recomputing_backward_equals_autograd_and_finite_differences(gamma, detach, monkeypatch):
+@pytest.mark.parametrize(
+    ("gamma", "detach", "thermostat"),
+    [("exact", True, False), ("exact", False, False), ("finite_difference", True, False),
+     ("finite_difference", False, False), ("exact", True, True), ("exact", False, True)],
+)  # fmt: skip
+def test_recomputing_backward_equals_autograd_and_finite_differences(
+    gamma, detach, thermostat, monkeypatch
+):
     # The meta-gradient of a 5-step unroll through the recomputing backward equals autograd
     # through the plain function; with undetached inputs (the exact gradient of the loss) it
-    # also equals finite differences of the loss.
+    # also equals finite differences of the loss. With the thermostat its state xi is carried
+    # from step to step, through the backward too.
     from metasampler.learned import fast
 
     monkeypatch.setattr(fast, "_BLOCK_COORDS", 8)
     target = SplitPriorTarget()
     init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     kwargs = dict(eta=0.05, beta_off=0.5, alpha=0.2, c=0.1, detach_inputs=detach)
+    kwargs["thermostat"] = thermostat
     sampler = path_sampler((5, 4), gamma, **kwargs).double()
 
     def loss(path: str) -> torch.Tensor:
