@@ -1,7 +1,8 @@
 """The NNSGHMC equations (see :mod:`metasampler.learned.nnsghmc` for them in full), written
 once as pure, out-of-place functions of the coordinates: :func:`nnsghmc_coefficients`
 (nets -> ``Q_f``, ``D_f``, exact or finite-difference ``Gamma``) and :func:`nnsghmc_update`
-(the modified Euler step). Sampling, meta-training, ``drift_terms`` and every fast path
+(the modified Euler step, inside the optional thermostat's two friction halves). Sampling,
+meta-training, ``drift_terms`` and every fast path
 (:mod:`metasampler.learned.fast`) evaluate these and nothing else.
 """
 
