@@ -70,6 +70,7 @@ failed; 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shutil
 import sys
@@ -92,9 +93,8 @@ class _Stop(Exception):
 
 def _sampler_path(cfg, option: str | None) -> str | None:
     """The NNSGHMC file, validated before any work (``None`` when no enabled method uses one)."""
-    from metasampler.benchmark.methods import uses_sampler_file
+    from metasampler.benchmark.methods import replace_file_constants, uses_sampler_file
     from metasampler.export import SamplerFileError, load_sampler
-    from metasampler.nnsghmc_args import gamma_conflict
 
     learned = [k for k in cfg.methods if uses_sampler_file(k) and cfg.methods[k].enabled]
     if not learned:
@@ -118,18 +118,11 @@ def _sampler_path(cfg, option: str | None) -> str | None:
         raise _Stop(str(err)) from None
     except ValueError as err:  # e.g. no step given and none stored in the file
         raise _Stop(f"{sampler_path}: {err}") from None
-    for key in learned:  # the section's options, or the file's where the section has none
-        section = cfg.methods[key]
-        power = section.precondition_power
-        power = sampler.precondition_power if power is None else power
-        thermostat = sampler.thermostat if section.thermostat is None else section.thermostat
-        gamma = section.gamma or sampler.gamma
-        conflict = gamma_conflict(power, thermostat, gamma, sampler.q_stiffness_input)
-        if conflict:
-            raise _Stop(
-                f"{sampler_path} (its settings where methods.{key} gives none), "
-                f"methods.{key}: {conflict}"
-            )
+    for key in learned:  # the section's options on the file's constants, as the builder sets them
+        try:
+            replace_file_constants(copy.deepcopy(sampler), cfg.methods[key])
+        except ValueError as err:
+            raise _Stop(f"{sampler_path}, methods.{key}: {err}") from None
     return sampler_path
 
 

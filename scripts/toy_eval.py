@@ -42,6 +42,15 @@ def trained_with_normalised_energy(path: Path) -> bool:
     return bool(OmegaConf.select(config, "task.energy_log_normaliser", default=False))
 
 
+def _invalid_arguments(sampler) -> str | None:
+    """Why the sampler's constants, as set, are not a valid sampler (``None``: they are)."""
+    try:
+        sampler.arguments()
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -83,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import metasampler as ms
     from metasampler.benchmark.gaussian import TEST_GRAD_NOISE_STD, gaussian_benchmark
-    from metasampler.nnsghmc_args import gamma_conflict
     from metasampler.targets import NonFiniteError
     from tasks.toy import paper_test_gaussian
 
@@ -103,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                 sampler.leapfrog = args.leapfrog
             if args.thermostat is not None:
                 sampler.thermostat = args.thermostat
-            conflict = gamma_conflict(0.0, sampler.thermostat, sampler.gamma)
+            # the options set above, checked by the arguments' one rule
+            conflict = _invalid_arguments(sampler)
             if conflict:
                 raise ValueError(f"{path}: {conflict}")
         except (FileNotFoundError, ValueError, ms.SamplerFileError) as err:

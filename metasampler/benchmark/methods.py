@@ -60,6 +60,7 @@ __all__ = [
     "build_method",
     "check_method_section",
     "method_label",
+    "replace_file_constants",
     "uses_sampler_file",
 ]
 
@@ -310,7 +311,10 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
     if ctx.sampler_path is None:
         raise ValueError("nnsghmc needs a sampler file (sampler_path or --sampler)")
     sampler = load_sampler(ctx.sampler_path, lr=lr, device=ctx.device)
-    _replace_file_constants(sampler, options, ctx.sampler_path)
+    try:
+        replace_file_constants(sampler, options)
+    except ValueError as err:
+        raise ValueError(f"{ctx.sampler_path}: {err}") from None
     sampler.use_compile = options["compile"]
     decay = options.get(FRICTION)
     if decay is not None:  # the constant friction per step a, replacing the file's
@@ -322,18 +326,21 @@ def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) ->
     return sampler
 
 
-def _replace_file_constants(sampler: Sampler, options: Mapping[str, Any], path: str) -> None:
-    """The file's constants that the section sets (``gamma`` and :data:`_FILE_CONSTANTS`),
-    checked together, so that e.g. finite-difference Gamma can replace a file's thermostat."""
+def replace_file_constants(sampler: NNSGHMC, options: Mapping[str, Any]) -> None:
+    """Set the file's constants that an NNSGHMC section sets (``gamma`` and the constants of
+    :data:`_FILE_CONSTANTS`; null keeps the file's), checked together by the arguments' one
+    rule, so that e.g. finite-difference Gamma can replace a file's thermostat.
+
+    Raises:
+        ValueError: the values, with the file's others, are not a valid sampler (the message
+            names the argument); the sampler is then unchanged.
+    """
     gamma = options.get("gamma")
     replaced = {"gamma": getattr(gamma, "value", gamma)} if gamma is not None else {}
     for name, kind in _FILE_CONSTANTS.items():
         if options.get(name) is not None:
             replaced[name] = kind(options[name])
-    try:
-        args = dataclasses.replace(sampler.arguments(), **replaced)
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+    args = dataclasses.replace(sampler.arguments(), **replaced)
     for name in replaced:
         setattr(sampler, name, getattr(args, name))
 
