@@ -15,7 +15,9 @@ Fig. 3) behind ``evaluate.py``, one concern per module:
 * :mod:`.results`, :mod:`.tables`, :mod:`.plots`, :mod:`.publish`: the result document, the
   tables, the figures and the result files (:func:`write_results`);
 * :mod:`.synthetic`: a data-free classification problem for tests and smoke runs;
-* :mod:`.gaussian`: the toy Gaussian benchmark (004 §5.1, :func:`gaussian_benchmark`).
+* :mod:`.gaussian`: the toy Gaussian benchmark (004 §5.1, :func:`gaussian_benchmark`);
+* :mod:`.friction_scale`: a learned sampler's friction inside its thermostat, scaled on the
+  Gaussian it was trained on (:func:`choose_friction_scale`).
 
 Conventions: "lr" is the optimiser-style per-batch learning rate of SPEC §1, converted to the
 SDE step ``eta`` by :mod:`metasampler.stepsize` (``lr / N`` for SGLD, pSGLD, SGD-M, Adam;
@@ -24,6 +26,7 @@ SDE step ``eta`` by :mod:`metasampler.stepsize` (``lr / N`` for SGLD, pSGLD, SGD
 0.01), so they follow the tuned step.
 """
 
+from .friction_scale import FrictionScaleChoice, choose_friction_scale
 from .gaussian import gaussian_benchmark
 from .methods import METHODS, BuildContext, MethodGrid, MethodSpec, build_method
 from .metrics import (
@@ -62,6 +65,7 @@ __all__ = [
     "RESULT_FILES",
     "BenchmarkResult",
     "BuildContext",
+    "FrictionScaleChoice",
     "EvalSet",
     "MethodBenchmark",
     "MethodFactory",
@@ -76,6 +80,7 @@ __all__ = [
     "apply_warmup",
     "build_method",
     "calibration_bins",
+    "choose_friction_scale",
     "ensemble_log_probs",
     "ensemble_log_probs_from_lp",
     "ensemble_metrics",

@@ -1,0 +1,101 @@
+"""The friction scale inside the thermostat: the rule, the search and the script."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import metasampler as ms
+from metasampler.benchmark.friction_scale import choose_friction_scale, pick_friction_scale
+from metasampler.export import read_header
+from tasks.gaussian import paper_train_gaussian
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import thermostat_friction_scale  # noqa: E402
+
+NOISE_ESTIMATE_FILE = ROOT / "pretrained" / "toy_gaussian_noise_estimate.safetensors"
+
+
+def test_the_rule_stops_before_the_first_resolved_rise_beyond_the_tolerance():
+    steady = [1.0, 1.02, 0.98]
+    kls = [(1.0, steady), (0.5, [1.05, 1.1, 1.0]), (0.25, [1.4, 1.45, 1.5]), (0.125, steady)]
+    # 0.25 rises 45 % with little scatter: rejected, and the recovery at 0.125 is not looked at
+    assert pick_friction_scale(kls, tolerance=0.15) == 0.5
+    # the same mean rise, scattered over a range the seeds cannot resolve, is not a rise
+    noisy = [(1.0, steady), (0.5, [0.5, 2.9, 0.95])]
+    assert pick_friction_scale(noisy, tolerance=0.15) == 0.5
+    assert pick_friction_scale(noisy, tolerance=0.15, z=0.0) == 1.0
+    # a diverged run ends the search; a lone reference is its own choice
+    assert pick_friction_scale([(1.0, steady), (0.5, [math.inf, 1.0, 1.0])], 0.15) == 1.0
+    assert pick_friction_scale([(1.0, [1.0])], 0.15) == 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"scales": (0.5, 0.25)}, "start at 1"),
+        ({"scales": (1.0, 0.5, 0.5)}, "decreasing"),
+        ({"seeds": ()}, "seed"),
+        ({"tolerance": -0.1}, "tolerance"),
+    ],
+)
+def test_bad_search_settings_are_refused_before_any_run(kwargs, message):
+    sampler = ms.load_sampler(NOISE_ESTIMATE_FILE)
+    with pytest.raises(ValueError, match=message):
+        choose_friction_scale(sampler, paper_train_gaussian(), n_steps=10, **kwargs)
+
+
+def test_a_finite_difference_sampler_cannot_be_put_in_a_thermostat():
+    fd_file = ROOT / "pretrained" / "mnist_mlp_floor_5units.safetensors"
+    sampler = ms.load_sampler(fd_file, gamma="finite_difference")
+    with pytest.raises(ValueError, match="thermostat"):
+        choose_friction_scale(sampler, paper_train_gaussian(), n_steps=10)
+
+
+def test_the_search_runs_each_scale_in_the_thermostat_and_leaves_the_sampler_alone():
+    sampler = ms.load_sampler(NOISE_ESTIMATE_FILE)
+    choice = choose_friction_scale(
+        sampler,
+        paper_train_gaussian(),
+        scales=(1.0, 0.5),
+        seeds=(0, 1),
+        n_chains=8,
+        n_steps=200,
+        progress=False,
+    )
+    assert [(run.scale, run.seed) for run in choice.runs] == [
+        (1.0, 0),
+        (1.0, 1),
+        (0.5, 0),
+        (0.5, 1),
+    ]
+    assert all(run.kl_final > 0 and run.ess > 0 for run in choice.runs)
+    assert choice.scale in (1.0, 0.5) and "chosen" in choice.table()
+    assert not sampler.thermostat and sampler.d_output_scale == 1.0
+
+
+def test_the_script_writes_the_file_inside_its_thermostat_with_the_choice(tmp_path, capsys):
+    out = tmp_path / "scaled.safetensors"
+    argv = [str(NOISE_ESTIMATE_FILE), "--out", str(out), "--scales", "1", "0.5"]
+    argv += ["--seeds", "0", "--n-steps", "150", "--n-chains", "6", "--tolerance", "100"]
+    torch.manual_seed(0)
+    assert thermostat_friction_scale.main(argv) == 0
+    assert "chosen friction scale: 0.5" in capsys.readouterr().out
+    loaded = ms.load_sampler(out)  # a fresh load: the file holds the choice
+    assert loaded.thermostat and loaded.d_output_scale == 0.5
+    provenance = read_header(out)["provenance"]
+    assert "d_output_scale x 0.5" in provenance["set_after_training"]
+    assert provenance["config"] == read_header(NOISE_ESTIMATE_FILE)["provenance"]["config"]
+
+
+def test_the_script_refuses_a_sampler_not_trained_on_a_gaussian(tmp_path, capsys):
+    out = tmp_path / "never.safetensors"
+    mnist = ROOT / "pretrained" / "mnist_mlp_floor_5units.safetensors"
+    assert thermostat_friction_scale.main([str(mnist), "--out", str(out)]) == 2
+    assert "not a toy Gaussian" in capsys.readouterr().err and not out.exists()
