@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = training_run(args.sampler)
         sampler = ms.load_sampler(args.sampler)  # at its training step
+        if sampler.thermostat:  # its friction may be scaled already: start from the trained file
+            raise ValueError(f"{args.sampler} already runs inside its thermostat")
         sampler.grad_noise_var = float(config.sampler.get("grad_noise_var", 0.0) or 0.0)
         sampler.grad_noise_estimate = bool(config.sampler.get("grad_noise_estimate", False))
         choice = choose_friction_scale(

@@ -203,6 +203,7 @@ def choose_friction_scale(
             raise ValueError("the sampler diverged inside its thermostat at its own friction")
         if pick_friction_scale(kl_by_scale, tolerance, z) != scale:
             break  # this scale was rejected: smaller ones are not run
+    bar.total = bar.n  # (the scales not run)
     bar.close()
     chosen = pick_friction_scale(kl_by_scale, tolerance, z)
     return FrictionScaleChoice(chosen, tuple(runs), tolerance, kl_steps, z)

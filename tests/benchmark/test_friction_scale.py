@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import thermostat_friction_scale  # noqa: E402
 
-NOISE_ESTIMATE_FILE = ROOT / "pretrained" / "toy_gaussian_noise_estimate.safetensors"
+TOY_FILE = ROOT / "pretrained" / "toy_gaussian_known_noise.safetensors"  # (as trained)
 
 
 def test_the_rule_stops_before_the_first_resolved_rise_beyond_the_tolerance():
@@ -46,7 +46,7 @@ def test_the_rule_stops_before_the_first_resolved_rise_beyond_the_tolerance():
     ],
 )
 def test_bad_search_settings_are_refused_before_any_run(kwargs, message):
-    sampler = ms.load_sampler(NOISE_ESTIMATE_FILE)
+    sampler = ms.load_sampler(TOY_FILE)
     with pytest.raises(ValueError, match=message):
         choose_friction_scale(sampler, paper_train_gaussian(), n_steps=10, **kwargs)
 
@@ -59,7 +59,7 @@ def test_a_finite_difference_sampler_cannot_be_put_in_a_thermostat():
 
 
 def test_the_search_runs_each_scale_in_the_thermostat_and_leaves_the_sampler_alone():
-    sampler = ms.load_sampler(NOISE_ESTIMATE_FILE)
+    sampler = ms.load_sampler(TOY_FILE)
     choice = choose_friction_scale(
         sampler,
         paper_train_gaussian(),
@@ -82,7 +82,7 @@ def test_the_search_runs_each_scale_in_the_thermostat_and_leaves_the_sampler_alo
 
 def test_the_script_writes_the_file_inside_its_thermostat_with_the_choice(tmp_path, capsys):
     out = tmp_path / "scaled.safetensors"
-    argv = [str(NOISE_ESTIMATE_FILE), "--out", str(out), "--scales", "1", "0.5"]
+    argv = [str(TOY_FILE), "--out", str(out), "--scales", "1", "0.5"]
     argv += ["--seeds", "0", "--n-steps", "150", "--n-chains", "6", "--tolerance", "100"]
     torch.manual_seed(0)
     assert thermostat_friction_scale.main(argv) == 0
@@ -91,7 +91,7 @@ def test_the_script_writes_the_file_inside_its_thermostat_with_the_choice(tmp_pa
     assert loaded.thermostat and loaded.d_output_scale == 0.5
     provenance = read_header(out)["provenance"]
     assert "d_output_scale x 0.5" in provenance["set_after_training"]
-    assert provenance["config"] == read_header(NOISE_ESTIMATE_FILE)["provenance"]["config"]
+    assert provenance["config"] == read_header(TOY_FILE)["provenance"]["config"]
 
 
 def test_the_script_refuses_a_sampler_not_trained_on_a_gaussian(tmp_path, capsys):
@@ -99,3 +99,12 @@ def test_the_script_refuses_a_sampler_not_trained_on_a_gaussian(tmp_path, capsys
     mnist = ROOT / "pretrained" / "mnist_mlp_floor_5units.safetensors"
     assert thermostat_friction_scale.main([str(mnist), "--out", str(out)]) == 2
     assert "not a toy Gaussian" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_script_refuses_a_file_already_inside_its_thermostat(tmp_path, capsys):
+    # toy_gaussian_stiffness stores the thermostat and a scaled friction: scaling it again
+    # would compound the two choices
+    stiffness = ROOT / "pretrained" / "toy_gaussian_stiffness.safetensors"
+    out = tmp_path / "never.safetensors"
+    assert thermostat_friction_scale.main([str(stiffness), "--out", str(out)]) == 2
+    assert "already runs inside its thermostat" in capsys.readouterr().err and not out.exists()
