@@ -18,7 +18,9 @@ fi
 # machine (one to two minutes on 2 cores; cached in ~/.cache/metasampler): a first use then loads
 # them instead of building while eager steps run. METASAMPLER_PREBUILD=0 skips it; a machine
 # without a C++ compiler samples with the eager step.
+# quickstart.py's toy samplers run on one thread, a package of its own.
 if [ "${METASAMPLER_PREBUILD:-1}" != 0 ]; then
   .venv/bin/python -m metasampler.prebuild \
+    && .venv/bin/python -m metasampler.prebuild toy_gaussian_noise_estimate toy_gaussian_stiffness --threads 1 \
     || echo "note: the compiled steps were not all built; those samplers run eagerly at first"
 fi
