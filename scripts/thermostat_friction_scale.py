@@ -79,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     from metasampler.benchmark.friction_scale import choose_friction_scale
     from metasampler.export import read_header, save_sampler
 
+    if not args.out.parent.is_dir():  # before minutes of runs, not after
+        print(
+            f"error: --out {args.out}: directory {args.out.parent} does not exist", file=sys.stderr
+        )
+        return 2
     try:
         config = training_run(args.sampler)
         sampler = ms.load_sampler(args.sampler)  # at its training step

@@ -108,3 +108,9 @@ def test_the_script_refuses_a_file_already_inside_its_thermostat(tmp_path, capsy
     out = tmp_path / "never.safetensors"
     assert thermostat_friction_scale.main([str(stiffness), "--out", str(out)]) == 2
     assert "already runs inside its thermostat" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_script_checks_where_it_will_write_before_running(tmp_path, capsys):
+    out = tmp_path / "missing" / "scaled.safetensors"
+    assert thermostat_friction_scale.main([str(TOY_FILE), "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
