@@ -6,6 +6,7 @@
 Each sampler runs 50 chains at ``eta = 0.025`` with gradient noise ``N(0, 1)`` on each target
 (:func:`metasampler.benchmark.gaussian.gaussian_benchmark`: KL of a Gaussian fitted to all
 samples so far against one with the target's exact moments, and the per-chain ESS). Targets:
+the 10-D meta-training Gaussian's spectrum in a random orthonormal basis (``train10_rotated``),
 the 20-D test construction at covariance seeds 1 and 2 (``test20_seed1``, ``test20_seed2``), a
 50-D correlated Gaussian of condition number 100 (``corr50``), the banana of Haario et al.
 (``banana``, and ``banana_stiff`` with half its conditional width) and four close Gaussians
@@ -39,6 +40,7 @@ def targets() -> dict:
     from tasks.mixture import mixture_4
 
     return {
+        "train10_rotated": (rotated_training_gaussian, (0.0, 6.0)),
         "test20_seed1": (lambda: paper_test_gaussian(seed=1), (0.0, 6.0)),
         "test20_seed2": (lambda: paper_test_gaussian(seed=2), (0.0, 6.0)),
         "corr50": (lambda: gaussian(50, mean=3.0, cov="correlated", seed=0), (0.0, 6.0)),
@@ -46,6 +48,17 @@ def targets() -> dict:
         "banana_stiff": (lambda: BananaTask(1.0, 1.0, 0.5), (-2.0, 2.0)),
         "mixture4": (mixture_4, (-1.0, 1.0)),
     }
+
+
+def rotated_training_gaussian():
+    """The 10-D meta-training Gaussian's spectrum (0.1-1) in a random orthonormal basis (seed 7):
+    the training task with correlated coordinates."""
+    from tasks.gaussian import gaussian, paper_train_gaussian
+
+    generator = torch.Generator().manual_seed(7)
+    basis, _ = torch.linalg.qr(torch.randn(10, 10, generator=generator, dtype=torch.float64))
+    cov = basis @ paper_train_gaussian().cov.double() @ basis.T
+    return gaussian(10, mean=3.0, cov=(cov + cov.T) / 2)
 
 
 def build(spec: str, eta: float):

@@ -9,7 +9,10 @@ with the rest) on a Gaussian the caller names, which should be the meta-training
 the test: the scales are tried from 1 down, and the one chosen is the last before the first
 whose mean KL at the run's end rises above the unscaled friction's by more than ``tolerance``
 of it and by more than the seeds' scatter (a smaller friction only helps while the chains stay
-as accurate).
+as accurate). The task decides: the same toy files keep their full friction when the choice runs
+on the training Gaussian with its coordinates rotated, and a scaled friction costs KL on
+correlated Gaussians of moderate conditioning while it helps on stiff ones (docs/RESULTS.md,
+session 57), so choose on a Gaussian like the targets to be sampled.
 """
 
 from __future__ import annotations
