@@ -47,14 +47,18 @@ def training_run(path: Path):
     return config
 
 
-def training_task(config):
+def training_task(path: Path, config):
     """The exact Gaussian the run trained on (with its energy constant, as trained)."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     from tasks.config import TaskConfig
     from tasks.registry import build_problem
 
-    task_cfg = OmegaConf.merge(OmegaConf.structured(TaskConfig), config.task)
+    try:
+        task_cfg = OmegaConf.merge(OmegaConf.structured(TaskConfig), config.task)
+    except OmegaConfBaseException as err:  # a config this version does not know
+        raise ValueError(f"{path}: its training task cannot be rebuilt: {err}") from None
     return build_problem(task_cfg).exact
 
 
@@ -75,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
+    from omegaconf import OmegaConf
+
     import metasampler as ms
     from metasampler.benchmark.friction_scale import choose_friction_scale
     from metasampler.export import read_header, save_sampler
@@ -89,11 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         sampler = ms.load_sampler(args.sampler)  # at its training step
         if sampler.thermostat:  # its friction may be scaled already: start from the trained file
             raise ValueError(f"{args.sampler} already runs inside its thermostat")
-        sampler.grad_noise_var = float(config.sampler.get("grad_noise_var", 0.0) or 0.0)
-        sampler.grad_noise_estimate = bool(config.sampler.get("grad_noise_estimate", False))
+        # the noise as the sampler met it in training: told (grad_noise_var) or estimated
+        told = OmegaConf.select(config, "sampler.grad_noise_var", default=None)
+        sampler.grad_noise_var = float(told or 0.0)
+        estimate = OmegaConf.select(config, "sampler.grad_noise_estimate", default=False)
+        sampler.grad_noise_estimate = bool(estimate)
         choice = choose_friction_scale(
             sampler,
-            training_task(config),
+            training_task(args.sampler, config),
             scales=args.scales,
             seeds=args.seeds,
             tolerance=args.tolerance,

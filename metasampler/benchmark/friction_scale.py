@@ -37,7 +37,7 @@ __all__ = [
     "pick_friction_scale",
 ]
 
-#: 1, 1/2, ..., 1/32: session 56's grid; KL turned up by 1/8 on every file tried.
+#: 1, 1/2, ..., 1/32: session 56's grid (the toy files' choices were 1/16 to 1/2).
 DEFAULT_FRICTION_SCALES: tuple[float, ...] = tuple(2.0**-k for k in range(6))
 
 
@@ -118,7 +118,7 @@ def pick_friction_scale(
 
 
 def _check_arguments(
-    sampler: Any, scales: Sequence[float], seeds: Sequence[int], tolerance: float
+    sampler: Any, scales: Sequence[float], seeds: Sequence[int], tolerance: float, z: float
 ) -> None:
     if not isinstance(sampler, NNSGHMC):
         raise TypeError(f"choose_friction_scale needs an NNSGHMC, got {type(sampler).__name__}")
@@ -128,8 +128,9 @@ def _check_arguments(
         raise ValueError(f"friction scales must be positive and decreasing, got {list(scales)}")
     if not seeds:
         raise ValueError("choose_friction_scale needs at least one chain seed")
-    if not (math.isfinite(tolerance) and tolerance >= 0.0):
-        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance}")
+    for name, value in (("tolerance", tolerance), ("z", z)):
+        if not (math.isfinite(value) and value >= 0.0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
 
 
 def _inside_thermostat(sampler: NNSGHMC, scale: float) -> NNSGHMC:
@@ -182,10 +183,10 @@ def choose_friction_scale(
     Raises:
         TypeError: ``sampler`` is not an :class:`NNSGHMC`.
         ValueError: ``scales`` do not start at 1 and decrease, no seeds, a negative
-            ``tolerance``, a sampler that cannot run inside a thermostat (finite-difference
+            ``tolerance`` or ``z``, a sampler that cannot run inside a thermostat (finite-difference
             Gamma), or a reference run (scale 1) that diverged.
     """
-    _check_arguments(sampler, scales, seeds, tolerance)
+    _check_arguments(sampler, scales, seeds, tolerance, z)
     _inside_thermostat(sampler, 1.0)  # fail before any run
     kl_steps = (min(1000, n_steps), n_steps)
     settings = {

@@ -43,6 +43,7 @@ def test_the_rule_stops_before_the_first_resolved_rise_beyond_the_tolerance():
         ({"scales": (1.0, 0.5, 0.5)}, "decreasing"),
         ({"seeds": ()}, "seed"),
         ({"tolerance": -0.1}, "tolerance"),
+        ({"z": float("nan")}, "z must"),
     ],
 )
 def test_bad_search_settings_are_refused_before_any_run(kwargs, message):
@@ -114,3 +115,14 @@ def test_the_script_checks_where_it_will_write_before_running(tmp_path, capsys):
     out = tmp_path / "missing" / "scaled.safetensors"
     assert thermostat_friction_scale.main([str(TOY_FILE), "--out", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_script_refuses_a_training_task_it_cannot_rebuild(tmp_path, capsys):
+    from metasampler.export import save_sampler
+
+    odd = tmp_path / "odd.safetensors"
+    config = "task:\n  kind: paper_train_gaussian\n  no_such_key: 1\nsampler: {}\n"
+    save_sampler(ms.load_sampler(TOY_FILE), odd, provenance={"config": config})
+    out = tmp_path / "never.safetensors"
+    assert thermostat_friction_scale.main([str(odd), "--out", str(out)]) == 2
+    assert "cannot be rebuilt" in capsys.readouterr().err and not out.exists()
