@@ -2,7 +2,7 @@
 
     python scripts/thermostat_friction_scale.py runs/toy/sampler.safetensors --out OUT \\
         [--scales 1 0.5 0.25 ...] [--seeds 100 101 102] [--tolerance 0.15] [--z 2] \\
-        [--n-steps 12000] [--n-chains 50]
+        [--n-steps 12000] [--n-chains 50] [--rotated]
 
 A sampler meta-trained without a thermostat learns a friction that also dissipates the
 gradient noise's heat; inside the thermostat that friction only slows the chains
@@ -13,6 +13,8 @@ friction scale from 1 down, and chooses by
 :func:`metasampler.benchmark.friction_scale.pick_friction_scale`. It prints the table and writes
 ``OUT``: the same nets with ``thermostat = True`` and ``d_output_scale`` times the chosen scale,
 the rule and its table in the header's provenance. Only toy files (a Gaussian training task).
+``--rotated`` also runs the training Gaussian in a random orthonormal basis and keeps the
+smallest scale both accept: the shipped toy files keep their full friction that way.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from metasampler.cli import positive_float, positive_int  # noqa: E402
 
 GAUSSIAN_KINDS = ("gaussian", "paper_train_gaussian", "paper_test_gaussian", "random_gaussians")
+ROTATION_SEED = 7  # --rotated: the basis of scripts/toy_unseen_targets.py's train10_rotated
 
 
 def training_run(path: Path):
@@ -76,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--z", type=float, default=2.0, help="standard errors a rise must pass")
     parser.add_argument("--n-steps", type=positive_int, default=12_000)
     parser.add_argument("--n-chains", type=positive_int, default=50)
+    parser.add_argument(
+        "--rotated",
+        action="store_true",
+        help="also run the training Gaussian in a random orthonormal basis and choose the "
+        "smallest scale both accept (correlated targets of moderate conditioning are where a "
+        "scaled friction costs accuracy: docs/RESULTS.md, session 57)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -100,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         sampler.grad_noise_var = float(told or 0.0)
         estimate = OmegaConf.select(config, "sampler.grad_noise_estimate", default=False)
         sampler.grad_noise_estimate = bool(estimate)
+        task = training_task(args.sampler, config)
         choice = choose_friction_scale(
             sampler,
-            training_task(args.sampler, config),
+            [task, task.rotated(ROTATION_SEED)] if args.rotated else task,
             scales=args.scales,
             seeds=args.seeds,
             tolerance=args.tolerance,
@@ -122,7 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     provenance["set_after_training"] = (
         f"thermostat=True and d_output_scale x {choice.scale:g} set after training by "
         f"scripts/thermostat_friction_scale.py (tolerance {choice.tolerance:g}, z {choice.z:g}, "
-        f"chain seeds {list(args.seeds)}) on the training task:\n{choice.table()}"
+        f"chain seeds {list(args.seeds)}) on the training task"
+        + (
+            f" (task 0) and it in a rotated basis (task 1, seed {ROTATION_SEED})"
+            if args.rotated
+            else ""
+        )
+        + f":\n{choice.table()}"
     )
     save_sampler(sampler, args.out, provenance=provenance)
     print(f"wrote {args.out}")

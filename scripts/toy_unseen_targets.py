@@ -36,11 +36,11 @@ from metasampler.cli import positive_int  # noqa: E402
 def targets() -> dict:
     """Name -> (task factory, the interval chains start uniformly in, per coordinate)."""
     from tasks.banana import BananaTask
-    from tasks.gaussian import gaussian, paper_test_gaussian
+    from tasks.gaussian import gaussian, paper_test_gaussian, paper_train_gaussian
     from tasks.mixture import mixture_4
 
     return {
-        "train10_rotated": (rotated_training_gaussian, (0.0, 6.0)),
+        "train10_rotated": (lambda: paper_train_gaussian().rotated(seed=7), (0.0, 6.0)),
         "test20_seed1": (lambda: paper_test_gaussian(seed=1), (0.0, 6.0)),
         "test20_seed2": (lambda: paper_test_gaussian(seed=2), (0.0, 6.0)),
         "corr50": (lambda: gaussian(50, mean=3.0, cov="correlated", seed=0), (0.0, 6.0)),
@@ -48,17 +48,6 @@ def targets() -> dict:
         "banana_stiff": (lambda: BananaTask(1.0, 1.0, 0.5), (-2.0, 2.0)),
         "mixture4": (mixture_4, (-1.0, 1.0)),
     }
-
-
-def rotated_training_gaussian():
-    """The 10-D meta-training Gaussian's spectrum (0.1-1) in a random orthonormal basis (seed 7):
-    the training task with correlated coordinates."""
-    from tasks.gaussian import gaussian, paper_train_gaussian
-
-    generator = torch.Generator().manual_seed(7)
-    basis, _ = torch.linalg.qr(torch.randn(10, 10, generator=generator, dtype=torch.float64))
-    cov = basis @ paper_train_gaussian().cov.double() @ basis.T
-    return gaussian(10, mean=3.0, cov=(cov + cov.T) / 2)
 
 
 def build(spec: str, eta: float):

@@ -103,6 +103,18 @@ class GaussianTask(ToyTask):
         new.energy_offset = 0.5 * LOG_2PI + float(torch.log(chol).sum())
         return new
 
+    def rotated(self, seed: int = 0) -> GaussianTask:
+        """The same spectrum and mean in a random orthonormal basis (``seed``): ``cov' = B cov
+        B^T``, so a diagonal covariance gets correlated coordinates with its eigenvalues kept.
+        The energy constant (:meth:`with_normalised_energy`) is kept too."""
+        generator = torch.Generator().manual_seed(int(seed))
+        draw = torch.randn(self.dim, self.dim, generator=generator, dtype=torch.float64)
+        basis, _ = torch.linalg.qr(draw)
+        cov = basis @ self.cov.double() @ basis.T
+        new = GaussianTask(self.mean, 0.5 * (cov + cov.T), self.mean.dtype, self.mean.device)
+        new.energy_offset = self.energy_offset
+        return new
+
     @property
     def precision(self) -> Tensor:
         """``P = cov^{-1}``, shape ``(D, D)``."""

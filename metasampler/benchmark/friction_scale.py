@@ -43,44 +43,49 @@ DEFAULT_FRICTION_SCALES: tuple[float, ...] = tuple(2.0**-k for k in range(6))
 
 @dataclass(frozen=True)
 class ScaleRun:
-    """One chain seed at one friction scale (``kl_final`` is ``inf`` where it diverged)."""
+    """One chain seed at one friction scale on task number ``task`` (``kl_final`` is ``inf``
+    where it diverged)."""
 
     scale: float
     seed: int
     kl_early: float
     kl_final: float
     ess: float
+    task: int = 0
 
 
 @dataclass(frozen=True)
 class FrictionScaleChoice:
-    """The scale chosen, every run behind it, and the rule's settings."""
+    """The scale chosen (the smallest every task accepts), each task's own choice, every run
+    behind them, and the rule's settings."""
 
     scale: float
     runs: tuple[ScaleRun, ...]
     tolerance: float
     kl_steps: tuple[int, int]
     z: float = 2.0
+    task_scales: tuple[float, ...] = ()
 
     def table(self) -> str:
-        """Each scale run, mean ± standard error over the seeds, as a markdown table."""
+        """Each task and scale run, mean ± standard error over the seeds, as a markdown table
+        (a scale is "rejected" on the tasks that stopped the search)."""
         early, final = self.kl_steps
         lines = [
-            f"| friction scale | seeds | KL @ {early:,} | KL @ {final:,} | ESS | |",
-            "|---:|---:|---:|---:|---:|---|",
+            f"| task | friction scale | seeds | KL @ {early:,} | KL @ {final:,} | ESS | |",
+            "|---:|---:|---:|---:|---:|---:|---|",
         ]
-        scales = sorted({run.scale for run in self.runs}, reverse=True)
-        for scale in scales:
-            runs = [run for run in self.runs if run.scale == scale]
-            cells = [f"{scale:g}", str(len(runs))]
+        keys = sorted({(run.task, run.scale) for run in self.runs}, key=lambda k: (k[0], -k[1]))
+        for task, scale in keys:
+            runs = [run for run in self.runs if (run.task, run.scale) == (task, scale)]
+            cells = [str(task), f"{scale:g}", str(len(runs))]
             for values in ([r.kl_early for r in runs], [r.kl_final for r in runs]):
                 mean, se = _mean_and_se(values)
                 cells.append(f"{mean:.3g} ± {se:.2g}")
             cells.append(f"{_mean_and_se([r.ess for r in runs])[0]:.1f}")
-            verdict = "chosen" if scale == self.scale else ""
-            if scale < self.scale:
-                verdict = "rejected" if scale == max(s for s in scales if s < self.scale) else ""
-            cells.append(verdict)
+            accepted = self.task_scales[task] if self.task_scales else self.scale
+            cells.append(
+                "chosen" if scale == self.scale else "rejected" if scale < accepted else ""
+            )
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -148,19 +153,21 @@ def _inside_thermostat(sampler: NNSGHMC, scale: float) -> NNSGHMC:
 
 
 def _run_scale(
-    sampler: NNSGHMC, task: Any, scale: float, seed: int, settings: dict[str, Any]
+    sampler: NNSGHMC, tasks: list[Any], index: int, scale: float, seed: int, settings: dict
 ) -> ScaleRun:
     early, final = settings["kl_at"]
+    scaled = _inside_thermostat(sampler, scale)
     try:
-        result = gaussian_benchmark(_inside_thermostat(sampler, scale), task, seed=seed, **settings)
+        result = gaussian_benchmark(scaled, tasks[index], seed=seed, **settings)
     except NonFiniteError:
-        return ScaleRun(scale, seed, math.inf, math.inf, math.nan)
-    return ScaleRun(scale, seed, result[f"kl@{early}"], result[f"kl@{final}"], result["ess"])
+        return ScaleRun(scale, seed, math.inf, math.inf, math.nan, index)
+    kls = result[f"kl@{early}"], result[f"kl@{final}"]
+    return ScaleRun(scale, seed, *kls, result["ess"], index)
 
 
 def choose_friction_scale(
     sampler: NNSGHMC,
-    task: Any,
+    task: Any | Sequence[Any],
     *,
     scales: Sequence[float] = DEFAULT_FRICTION_SCALES,
     seeds: Sequence[int] = (100, 101, 102),
@@ -171,7 +178,10 @@ def choose_friction_scale(
     grad_noise_std: float = 1.0,
     progress: bool = True,
 ) -> FrictionScaleChoice:
-    """Choose the friction scale of ``sampler`` inside its thermostat on the Gaussian ``task``.
+    """Choose the friction scale of ``sampler`` inside its thermostat on the Gaussian ``task``
+    (or on each of a list of them: the scale chosen is then the smallest that every task
+    accepts, e.g. the training Gaussian and the same in a rotated basis,
+    :meth:`tasks.gaussian.GaussianTask.rotated`).
 
     Each scale runs ``n_chains`` chains for ``n_steps`` steps from every seed in ``seeds``
     (:func:`~metasampler.benchmark.gaussian.gaussian_benchmark`, gradient noise
@@ -195,19 +205,23 @@ def choose_friction_scale(
         "kl_at": list(kl_steps),
         "grad_noise_std": grad_noise_std,
     }
+    tasks = list(task) if isinstance(task, list | tuple) else [task]
     runs: list[ScaleRun] = []
-    kl_by_scale: list[tuple[float, list[float]]] = []
-    bar = tqdm(total=len(scales) * len(seeds), desc="friction scales", disable=not progress)
+    kl_by_scale: list[list[tuple[float, list[float]]]] = [[] for _ in tasks]
+    total = len(scales) * len(seeds) * len(tasks)
+    bar = tqdm(total=total, desc="friction scales", disable=not progress)
     for scale in scales:
-        scale_runs = [_run_scale(sampler, task, scale, seed, settings) for seed in seeds]
-        bar.update(len(seeds))
-        runs.extend(scale_runs)
-        kl_by_scale.append((scale, [run.kl_final for run in scale_runs]))
-        if not all(math.isfinite(kl) for kl in kl_by_scale[0][1]):
-            raise ValueError("the sampler diverged inside its thermostat at its own friction")
-        if pick_friction_scale(kl_by_scale, tolerance, z) != scale:
-            break  # this scale was rejected: smaller ones are not run
+        for index, history in enumerate(kl_by_scale):
+            scale_runs = [_run_scale(sampler, tasks, index, scale, s, settings) for s in seeds]
+            bar.update(len(seeds))
+            runs.extend(scale_runs)
+            history.append((scale, [run.kl_final for run in scale_runs]))
+            if not all(math.isfinite(kl) for kl in history[0][1]):
+                raise ValueError("the sampler diverged inside its thermostat at its own friction")
+        picks = [pick_friction_scale(history, tolerance, z) for history in kl_by_scale]
+        if max(picks) != scale:  # (each task accepts the scales down to its own pick)
+            break  # this scale was rejected on a task: smaller ones are not run
     bar.total = bar.n  # (the scales not run)
     bar.close()
-    chosen = pick_friction_scale(kl_by_scale, tolerance, z)
-    return FrictionScaleChoice(chosen, tuple(runs), tolerance, kl_steps, z)
+    picks = [pick_friction_scale(history, tolerance, z) for history in kl_by_scale]
+    return FrictionScaleChoice(max(picks), tuple(runs), tolerance, kl_steps, z, tuple(picks))

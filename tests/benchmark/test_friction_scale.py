@@ -126,3 +126,35 @@ def test_the_script_refuses_a_training_task_it_cannot_rebuild(tmp_path, capsys):
     out = tmp_path / "never.safetensors"
     assert thermostat_friction_scale.main([str(odd), "--out", str(out)]) == 2
     assert "cannot be rebuilt" in capsys.readouterr().err and not out.exists()
+
+
+def test_on_several_tasks_the_choice_is_the_smallest_scale_every_task_accepts(monkeypatch):
+    # A stand-in benchmark: the KL is flat on task "flat", and rises tenfold at scale 1/4 on
+    # task "rising"; the search stops there, and 1/2 is the choice of both.
+    from metasampler.benchmark import friction_scale
+
+    def fake_benchmark(sampler, task, *, seed, kl_at, **settings):
+        kl = 1e-3 * (10.0 if task == "rising" and sampler.d_output_scale < 0.3 else 1.0)
+        return {f"kl@{kl_at[0]}": kl, f"kl@{kl_at[-1]}": kl * (1 + seed / 100), "ess": 1.0}
+
+    monkeypatch.setattr(friction_scale, "gaussian_benchmark", fake_benchmark)
+    sampler = ms.load_sampler(TOY_FILE)
+    choice = choose_friction_scale(sampler, ["flat", "rising"], progress=False)
+    assert choice.scale == 0.5 and choice.task_scales == (0.25, 0.5)
+    assert sorted({(run.task, run.scale) for run in choice.runs}) == [
+        (0, 0.25), (0, 0.5), (0, 1.0), (1, 0.25), (1, 0.5), (1, 1.0)
+    ]  # fmt: skip
+    rows = choice.table().splitlines()[2:]
+    assert [row.split("|")[-2].strip() for row in rows] == [
+        "", "chosen", "", "", "chosen", "rejected"
+    ]  # fmt: skip
+
+
+def test_the_script_can_choose_on_the_training_task_in_a_rotated_basis_too(tmp_path, capsys):
+    out = tmp_path / "scaled.safetensors"
+    argv = [str(TOY_FILE), "--out", str(out), "--scales", "1", "0.5", "--rotated"]
+    argv += ["--seeds", "0", "--n-steps", "150", "--n-chains", "6", "--tolerance", "100"]
+    assert thermostat_friction_scale.main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| 0 | 0.5 |" in table and "| 1 | 0.5 |" in table  # both tasks ran every scale
+    assert "rotated basis (task 1, seed 7)" in read_header(out)["provenance"]["set_after_training"]

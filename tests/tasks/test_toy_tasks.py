@@ -461,3 +461,19 @@ def test_normalised_energy_adds_the_papers_constant_to_the_energy_only():
     assert problem.exact.energy_offset == pytest.approx(
         problem.exact.with_normalised_energy().energy_offset
     )
+
+
+def test_a_rotated_gaussian_keeps_its_spectrum_mean_and_energy_constant():
+    from tasks.gaussian import paper_train_gaussian
+
+    diagonal = paper_train_gaussian().with_normalised_energy()
+    rotated = diagonal.rotated(seed=7)
+    off_diagonal = rotated.cov - torch.diag(torch.diagonal(rotated.cov))
+    assert float(off_diagonal.abs().max()) > 0.05  # correlated coordinates
+    torch.testing.assert_close(
+        torch.linalg.eigvalsh(rotated.cov), torch.linalg.eigvalsh(diagonal.cov)
+    )
+    assert torch.equal(rotated.mean, diagonal.mean)
+    assert rotated.energy_offset == diagonal.energy_offset != 0.0
+    assert torch.equal(diagonal.rotated(seed=7).cov, rotated.cov)
+    assert not torch.equal(diagonal.rotated(seed=8).cov, rotated.cov)
