@@ -5,9 +5,10 @@ short Bayesian-neural-network transfer benchmark (004 §5.2).
    ``pretrained/toy_gaussian_noise_estimate.safetensors`` (trained with
    ``configs/toy_gaussian_noise_estimate.yaml`` on the 10-D training Gaussian; with ``--noise
    unknown``, ``pretrained/toy_gaussian_stiffness.safetensors``; both files store a thermostat
-   and a fraction of the learned friction, chosen on the training Gaussian after training by
-   ``scripts/thermostat_friction_scale.py``), or train one now with ``--train`` (the same
-   config; ``--epochs`` shortens it; it runs as trained, without those two settings).
+   and a fraction of the learned friction, chosen on the training Gaussian after training;
+   ``scripts/thermostat_friction_scale.py`` does it for a file of your own), or train one now
+   with ``--train`` (the same config; ``--epochs`` shortens it; it runs as trained, without
+   those two settings).
 2. Run it, SGHMC (friction 1) and mSGNHT (splitting) on the 20-D correlated test Gaussian
    (mean 3, gradient noise N(0, 1), eta = 0.025, chains start in U([0, 6]^20)) and print the
    KL of the Gaussian fitted to all samples so far and the ESS, per seed and averaged. The
