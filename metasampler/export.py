@@ -65,7 +65,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -89,6 +89,9 @@ from .sampler_format import (
 )
 from .schedules import Schedule
 from .stepsize import check_step_args
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 __all__ = [
     "FORMAT",
@@ -153,6 +156,19 @@ def read_header(path: PathLike) -> dict:
         SamplerFileError: not a safetensors file, or not a metasampler sampler.
     """
     return read_raw_header(Path(path))
+
+
+def training_config(path_or_name: PathLike) -> DictConfig:
+    """The resolved config of the run that wrote a sampler file (a path or a shipped name), as
+    stored in its header's provenance; an empty config for a file that stores none.
+
+    Raises:
+        FileNotFoundError, SamplerFileError: as :func:`read_header`.
+    """
+    from omegaconf import OmegaConf
+
+    text = read_header(_sampler_file(path_or_name)).get("provenance", {}).get("config")
+    return OmegaConf.create(text or "{}")  # the run's config, as YAML text
 
 
 def pretrained_samplers() -> dict[str, str]:

@@ -38,12 +38,11 @@ def training_run(path: Path):
     """The run config in ``path``'s header (omegaconf), or a ValueError saying why not."""
     from omegaconf import OmegaConf
 
-    from metasampler.export import read_header
+    from metasampler.export import training_config
 
-    text = read_header(path).get("provenance", {}).get("config")
-    if not text:
+    config = training_config(path)
+    if not config:
         raise ValueError(f"{path}: its header holds no training config to read the task from")
-    config = OmegaConf.create(text)
     kind = OmegaConf.select(config, "task.kind", default=None)
     if kind not in GAUSSIAN_KINDS:
         raise ValueError(f"{path}: trained on task.kind={kind!r}, not a toy Gaussian")

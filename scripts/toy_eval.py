@@ -35,10 +35,9 @@ def trained_with_normalised_energy(path: Path) -> bool:
     the file's header; False for files written before the option existed)."""
     from omegaconf import OmegaConf
 
-    from metasampler.export import read_header
+    from metasampler.export import training_config
 
-    text = read_header(path).get("provenance", {}).get("config") or "{}"
-    config = OmegaConf.create(text)  # the run's resolved config, as YAML text
+    config = training_config(path)
     return bool(OmegaConf.select(config, "task.energy_log_normaliser", default=False))
 
 

@@ -13,8 +13,9 @@ the 20-D test construction at covariance seeds 1 and 2 (``test20_seed1``, ``test
 (``mixture4``). A sampler is ``sghmc`` (friction 1, estimating the noise), ``msgnht`` (the
 splitting mSGNHT) or ``FILE:THERMOSTAT:SCALE:ESTIMATE[:LEAPFROG]``: a shipped name or path with
 its thermostat on or off (1/0), its ``d_output_scale`` set to ``SCALE`` and the noise estimate
-and leapfrog positions on or off; ``FILE`` alone runs the file as loaded, with the noise
-estimated for ``toy_gaussian_noise_estimate``. A chain that diverges is reported, not raised.
+and leapfrog positions on or off; ``FILE`` alone runs the file as loaded, estimating the noise
+if it was meta-trained estimating it (``toy_gaussian_noise_estimate``). A chain that
+diverges is reported, not raised.
 """
 
 from __future__ import annotations
@@ -58,10 +59,16 @@ def build(spec: str, eta: float):
         return ms.samplers.SGHMC(eta=eta, friction=1.0, grad_noise_estimate=True)
     if spec == "msgnht":
         return ms.samplers.SGNHT(eta=eta, multivariate=True, integrator="splitting")
+    from omegaconf import OmegaConf
+
+    from metasampler.export import training_config
+
     name, *settings = spec.split(":")
     sampler = ms.load_sampler(name, eta=eta)
     sampler.use_compile = False  # eager: the same digits from run to run
-    sampler.grad_noise_estimate = Path(name).stem == "toy_gaussian_noise_estimate"
+    # as loaded: estimating the noise if it was trained estimating (the file does not store it)
+    trained = OmegaConf.select(training_config(name), "sampler.grad_noise_estimate", default=False)
+    sampler.grad_noise_estimate = bool(trained)
     if settings:
         if len(settings) not in (3, 4) or any(v not in ("0", "1") for v in settings[::2]):
             raise ValueError(f"{spec!r}: expected FILE:THERMOSTAT:SCALE:ESTIMATE[:LEAPFROG]")

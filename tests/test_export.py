@@ -724,3 +724,14 @@ def test_corrupted_data_and_inconsistent_header(saved, tmp_path):
     bad = rewrite(path, tmp_path / "z.safetensors", tensors=zero_std)
     with pytest.raises(SamplerFileError, match="'momentum_std' must be > 0"):
         load_sampler(bad)
+
+
+def test_training_config_reads_the_run_config_a_file_stores(tmp_path):
+    from metasampler.export import save_sampler, training_config
+
+    shipped = training_config("toy_gaussian_noise_estimate")  # by name, as load_sampler
+    assert shipped.sampler.grad_noise_estimate is True
+    assert shipped.task.kind == "paper_train_gaussian"
+    bare = tmp_path / "bare.safetensors"
+    save_sampler(ms.load_sampler("toy_gaussian_noise_estimate"), bare, provenance={"config": None})
+    assert len(training_config(bare)) == 0

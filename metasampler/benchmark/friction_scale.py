@@ -56,15 +56,19 @@ class ScaleRun:
 
 @dataclass(frozen=True)
 class FrictionScaleChoice:
-    """The scale chosen (the smallest every task accepts), each task's own choice, every run
-    behind them, and the rule's settings."""
+    """Each task's own choice (the smallest scale it accepts), every run behind them, and the
+    rule's settings; :attr:`scale` is the choice."""
 
-    scale: float
+    task_scales: tuple[float, ...]
     runs: tuple[ScaleRun, ...]
     tolerance: float
     kl_steps: tuple[int, int]
     z: float = 2.0
-    task_scales: tuple[float, ...] = ()
+
+    @property
+    def scale(self) -> float:
+        """The smallest scale every task accepts (each accepts the scales down to its own)."""
+        return max(self.task_scales)
 
     def table(self) -> str:
         """Each task and scale run, mean ± standard error over the seeds, as a markdown table
@@ -82,10 +86,8 @@ class FrictionScaleChoice:
                 mean, se = _mean_and_se(values)
                 cells.append(f"{mean:.3g} ± {se:.2g}")
             cells.append(f"{_mean_and_se([r.ess for r in runs])[0]:.1f}")
-            accepted = self.task_scales[task] if self.task_scales else self.scale
-            cells.append(
-                "chosen" if scale == self.scale else "rejected" if scale < accepted else ""
-            )
+            verdict = "rejected" if scale < self.task_scales[task] else ""
+            cells.append("chosen" if scale == self.scale else verdict)
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -224,4 +226,4 @@ def choose_friction_scale(
     bar.total = bar.n  # (the scales not run)
     bar.close()
     picks = [pick_friction_scale(history, tolerance, z) for history in kl_by_scale]
-    return FrictionScaleChoice(max(picks), tuple(runs), tolerance, kl_steps, z, tuple(picks))
+    return FrictionScaleChoice(tuple(picks), tuple(runs), tolerance, kl_steps, z)
