@@ -8,11 +8,16 @@ CI and the test suite run on CPU only; this script is what runs on a machine wit
    the eager step, the blocked step and the compiled step (ahead of time on a CPU, in
    process on a GPU), against the same steps in float64 on the CPU (one- and two-hidden-layer
    nets of the default softsign units and of quadsat units, exact and finite-difference Gamma,
-   the momentum and stiffness curls); and the meta-gradient of a 5-step unroll through the
-   step compiled with autograd against plain autograd, both on the device in float64.
+   the momentum and stiffness curls); the options that only act with noise (the thermostat,
+   leapfrog positions, the minibatch-noise estimate and its friction, the curl's
+   preconditioner), 30 steps at temperature 1 on a target with gradient noise, by the three
+   paths against each other on the device; and the meta-gradient of a 5-step unroll through
+   the step compiled with autograd against plain autograd, both on the device in float64
+   (with the thermostat too).
 2. ``stationarity``: the test suite's check of state-dependent nets on its 5-D Gaussian, with
    20,000 chains on the device: the moments match with exact and finite-difference Gamma, and
-   do not without Gamma.
+   do not without Gamma; with gradient noise the sampler is not told, they match inside the
+   thermostat and do not without it.
 3. ``speed``: ms per step and ratio to SGHMC on the 784-40-40-10 MLP of
    ``bench_nnsghmc_overhead.py`` (batch 500; K = 20 and K = 200), interleaved rounds, each
    block ended by a device synchronisation.
@@ -97,6 +102,21 @@ def trajectory(sampler, path: str, target, init, n_steps: int, grad: bool = Fals
 PATH_BASE = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, temperature=0.0)
 
 
+# (hidden widths, gamma, NNSGHMC keyword arguments) of the noisy path check: the options whose
+# state or arithmetic only shows with noise (the thermostat's xi stays 0 at T = 0), on a
+# target with gradient noise
+NOISY_PATH_CASES = [
+    ((6,), "exact", dict(q_momentum_input=True, thermostat=True)),
+    ((6,), "exact", dict(q_momentum_input=True, thermostat=True, leapfrog=True)),
+    ((6,), "exact", dict(q_momentum_input=True, grad_noise_estimate=True)),
+    ((6,), "finite_difference", dict(q_momentum_input=True, grad_noise_estimate=True,
+                                     grad_noise_friction=True)),  # fmt: skip
+    ((5, 4), "exact", dict(q_momentum_input=True, precondition_power=0.5, thermostat=True,
+                           grad_noise_estimate=True, activation="softsign")),  # fmt: skip
+]
+NOISY_BASE = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, temperature=1.0)
+
+
 def start_builds(device: torch.device, parts: list[str]) -> None:
     """On the CPU, two steps of every compiled configuration the parts use, by the default
     path: each starts its build in a child process, so all of them compile at once (a GPU
@@ -108,6 +128,7 @@ def start_builds(device: torch.device, parts: list[str]) -> None:
     runs = []
     if "paths" in parts:
         runs += [random_nets(h, g, **PATH_BASE, **extra) for h, g, extra in PATH_CASES]
+        runs += [random_nets(h, g, **NOISY_BASE, **extra) for h, g, extra in NOISY_PATH_CASES]
     if "stationarity" in parts:
         runs += [random_nets((16,), g, eta=0.03, beta_off=1.0, c=0.2) for g in GAMMAS]
     for sampler in runs:
@@ -138,9 +159,10 @@ def check_paths(device: torch.device) -> None:
                 report(f"{name} {path}", err < 2e-3, f"max |theta - float64 CPU| = {err:.1e}")
             except Exception as exc:  # noqa: BLE001 (a check reports every failure)
                 report(f"{name} {path}", False, f"{type(exc).__name__}: {exc}")
+    check_noisy_paths(device, case)
     # meta-gradient: compiled with autograd against plain autograd, float64 on the device
     init = init64.to(device)
-    for hidden, gamma, extra in PATH_CASES[:2]:
+    for hidden, gamma, extra in [*PATH_CASES[:2], NOISY_PATH_CASES[0]]:
         kwargs = dict(eta=0.05, beta_off=0.5, alpha=0.2, c=0.1, **extra)
         sampler = random_nets(hidden, gamma, **kwargs).double().to(device)
 
@@ -157,6 +179,31 @@ def check_paths(device: torch.device) -> None:
             report(name, err <= 1e-9 * size + 1e-12, f"max error {err:.1e} (largest {size:.2e})")
         except Exception as exc:  # noqa: BLE001
             report(name, False, f"{type(exc).__name__}: {exc}")
+
+
+def check_noisy_paths(device: torch.device, case) -> None:
+    """With noise the float64 CPU reference draws other numbers than the device, so the eager,
+    blocked and compiled steps are compared with each other on the device, from one seed."""
+    target = case.target(2.0)
+    init = torch.randn(8, 5, generator=torch.Generator().manual_seed(1)).to(device)
+    for hidden, gamma, extra in NOISY_PATH_CASES:
+        name = f"noisy paths {hidden} {gamma} {sorted(extra.items())}"
+        kwargs = {**NOISY_BASE, **extra}
+        states = {}
+        for path in ("plain", "blocks", "compiled"):
+            sampler = random_nets(hidden, gamma, compile=path == "compiled", **kwargs).to(device)
+            try:
+                states[path] = trajectory(sampler, path, target, init, 30)
+            except Exception as exc:  # noqa: BLE001 (a check reports every failure)
+                report(f"{name} {path}", False, f"{type(exc).__name__}: {exc}")
+        if "plain" not in states:
+            continue
+        ref = states["plain"]
+        for path in ("blocks", "compiled"):
+            if path in states:
+                err = float((states[path].theta - ref.theta).abs().max())
+                ok = err < 2e-3 and bool(torch.isfinite(ref.theta).all())
+                report(f"{name} {path}", ok, f"max |theta - plain step| = {err:.1e}")
 
 
 def check_stationarity(device: torch.device, n_chains: int) -> None:
@@ -180,6 +227,23 @@ def check_stationarity(device: torch.device, n_chains: int) -> None:
             report(f"stationarity without Gamma is biased ({device})", not matched, f"{got}")
         else:
             report(f"stationarity {gamma} ({device})", matched, f"{got} ({seconds:.0f} s)")
+    # gradient noise N(0, 36) the sampler is not told: too hot without the thermostat, at the
+    # target with it (the test suite's tolerance: the noise also reaches the nets' inputs)
+    noisy = case.target(6.0)
+    for thermostat in (False, True):
+        sampler = random_nets(
+            (16,), "exact", scale=2.5, eta=0.03, beta_off=1.0, c=0.2, thermostat=thermostat
+        ).to(device)
+        init = torch.randn(n_chains, 5, generator=torch.Generator().manual_seed(0)).to(device)
+        kept = run_chains(sampler, noisy, n_chains, 1200, burn_in=300, thin=5, seed=0, init=init)
+        got = moments(kept.theta, case.mean, case.cov)
+        try:
+            check_moments(kept.theta, case.mean, case.cov, mean_atol=0.05, var_rtol=0.15)
+            matched = True
+        except AssertionError:
+            matched = False
+        name = f"stationarity with unknown gradient noise, thermostat={thermostat} ({device})"
+        report(name, matched == thermostat, f"{got}")
     print(f"largest variance errors: {errors}")
 
 
