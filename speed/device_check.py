@@ -105,14 +105,17 @@ PATH_BASE = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, temperature=0.0)
 # (hidden widths, gamma, NNSGHMC keyword arguments) of the noisy path check: the options whose
 # state or arithmetic only shows with noise (the thermostat's xi stays 0 at T = 0), on a
 # target with gradient noise
+ESTIMATE = dict(q_momentum_input=True, grad_noise_estimate=True)
 NOISY_PATH_CASES = [
     ((6,), "exact", dict(q_momentum_input=True, thermostat=True)),
     ((6,), "exact", dict(q_momentum_input=True, thermostat=True, leapfrog=True)),
-    ((6,), "exact", dict(q_momentum_input=True, grad_noise_estimate=True)),
-    ((6,), "finite_difference", dict(q_momentum_input=True, grad_noise_estimate=True,
-                                     grad_noise_friction=True)),  # fmt: skip
-    ((5, 4), "exact", dict(q_momentum_input=True, precondition_power=0.5, thermostat=True,
-                           grad_noise_estimate=True, activation="softsign")),  # fmt: skip
+    ((6,), "exact", ESTIMATE),
+    ((6,), "finite_difference", dict(ESTIMATE, grad_noise_friction=True)),
+    (
+        (5, 4),
+        "exact",
+        dict(ESTIMATE, precondition_power=0.5, thermostat=True, activation="softsign"),
+    ),
 ]
 NOISY_BASE = dict(eta=0.03, beta_off=1.0, alpha=0.2, c=0.2, temperature=1.0)
 
