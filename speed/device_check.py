@@ -209,42 +209,41 @@ def check_noisy_paths(device: torch.device, case) -> None:
                 report(f"{name} {path}", ok, f"max |theta - plain step| = {err:.1e}")
 
 
+def stationary_run(sampler, target, case, n_chains: int, var_rtol: float):
+    """1,200 steps of ``n_chains`` chains on the device (300 burn-in, every 5th kept): their
+    moments and whether they match the target's within the test suite's tolerances
+    (tests/learned/test_nnsghmc.py)."""
+    device = next(sampler.parameters()).device
+    init = torch.randn(n_chains, 5, generator=torch.Generator().manual_seed(0)).to(device)
+    kept = run_chains(sampler, target, n_chains, 1200, burn_in=300, thin=5, seed=0, init=init)
+    try:
+        check_moments(kept.theta, case.mean, case.cov, mean_atol=0.05, var_rtol=var_rtol)
+        matched = True
+    except AssertionError:
+        matched = False
+    return moments(kept.theta, case.mean, case.cov), matched
+
+
 def check_stationarity(device: torch.device, n_chains: int) -> None:
     case = random_gaussian(dim=5)
-    target = case.target()
     errors = {}
     for gamma in GAMMAS:
         sampler = random_nets((16,), gamma, scale=2.5, eta=0.03, beta_off=1.0, c=0.2).to(device)
         t0 = time.perf_counter()
-        init = torch.randn(n_chains, 5, generator=torch.Generator().manual_seed(0)).to(device)
-        kept = run_chains(sampler, target, n_chains, 1200, burn_in=300, thin=5, seed=0, init=init)
-        got = moments(kept.theta, case.mean, case.cov)
+        got, matched = stationary_run(sampler, case.target(), case, n_chains, var_rtol=0.07)
         errors[gamma] = got.max_var_error
-        try:  # the test suite's tolerances (tests/learned/test_nnsghmc.py)
-            check_moments(kept.theta, case.mean, case.cov, mean_atol=0.05, var_rtol=0.07)
-            matched = True
-        except AssertionError:
-            matched = False
         seconds = time.perf_counter() - t0
         if gamma == "none":  # the same nets without Gamma must fail the check
             report(f"stationarity without Gamma is biased ({device})", not matched, f"{got}")
         else:
             report(f"stationarity {gamma} ({device})", matched, f"{got} ({seconds:.0f} s)")
     # gradient noise N(0, 36) the sampler is not told: too hot without the thermostat, at the
-    # target with it (the test suite's tolerance: the noise also reaches the nets' inputs)
-    noisy = case.target(6.0)
+    # target with it (a looser tolerance: the noise also reaches the nets' inputs)
     for thermostat in (False, True):
         sampler = random_nets(
             (16,), "exact", scale=2.5, eta=0.03, beta_off=1.0, c=0.2, thermostat=thermostat
         ).to(device)
-        init = torch.randn(n_chains, 5, generator=torch.Generator().manual_seed(0)).to(device)
-        kept = run_chains(sampler, noisy, n_chains, 1200, burn_in=300, thin=5, seed=0, init=init)
-        got = moments(kept.theta, case.mean, case.cov)
-        try:
-            check_moments(kept.theta, case.mean, case.cov, mean_atol=0.05, var_rtol=0.15)
-            matched = True
-        except AssertionError:
-            matched = False
+        got, matched = stationary_run(sampler, case.target(6.0), case, n_chains, var_rtol=0.15)
         name = f"stationarity with unknown gradient noise, thermostat={thermostat} ({device})"
         report(name, matched == thermostat, f"{got}")
     print(f"largest variance errors: {errors}")
