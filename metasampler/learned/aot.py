@@ -440,7 +440,8 @@ def start_child(
 def _start(spec: KernelSpec, package: Path) -> subprocess.Popen:
     print(
         "metasampler: compiling the NNSGHMC step in the background (first use of this "
-        f"configuration; eager steps run meanwhile; cached in {package.parent})",
+        f"configuration; eager steps run meanwhile; cached in {package.parent}; "
+        "`python -m metasampler.prebuild NAME_OR_FILE` builds a saved sampler's ahead of a run)",
         file=sys.stderr,
     )
     log = package.with_suffix(".log")
