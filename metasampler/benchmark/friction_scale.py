@@ -93,7 +93,9 @@ class FrictionScaleChoice:
 
 
 def _mean_and_se(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and its standard error (0 for one value)."""
+    """Mean and its standard error (0 for one value). Unlike
+    :func:`~metasampler.benchmark.metrics.mean_se` it keeps infinite values: a diverged seed must
+    make its scale's mean infinite, which rejects the scale."""
     mean = sum(values) / len(values)
     if len(values) < 2:
         return mean, 0.0
@@ -225,5 +227,4 @@ def choose_friction_scale(
             break  # this scale was rejected on a task: smaller ones are not run
     bar.total = bar.n  # (the scales not run)
     bar.close()
-    picks = [pick_friction_scale(history, tolerance, z) for history in kl_by_scale]
     return FrictionScaleChoice(tuple(picks), tuple(runs), tolerance, kl_steps, z)
