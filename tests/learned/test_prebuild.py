@@ -81,3 +81,17 @@ def test_prebuild_of_an_unknown_sampler_is_a_usage_error_before_any_build(monkey
         prebuild.main([NAME, "no_such_sampler"])
     assert exit_info.value.code == 2
     assert "no_such_sampler" in capsys.readouterr().err
+
+
+def test_a_builds_notice_names_the_command_that_builds_ahead_of_a_run(
+    monkeypatch, tmp_path, capsys
+):
+    started = []
+    monkeypatch.setattr(aot, "start_child", lambda *args, **kwargs: started.append(args))
+    spec = type("Spec", (), {"to_json": lambda self: "{}"})()
+    aot._start(spec, tmp_path / "step.pt2")
+    notice = capsys.readouterr().err
+    assert len(started) == 1 and "in the background" in notice
+    command = notice.split("`")[1].split()  # python -m MODULE NAME_OR_FILE
+    assert command[:2] == ["python", "-m"] and command[2] == prebuild.__name__
+    assert callable(prebuild.main)
