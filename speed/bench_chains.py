@@ -16,8 +16,8 @@ warm-up run, and the fastest run is reported (the machine may be shared).
 
 Usage::
 
-    .venv/bin/python speed/bench_chains.py            # full run, writes BENCHMARKS.md
-    .venv/bin/python speed/bench_chains.py --quick    # smoke run, prints only
+    .venv/bin/python -m speed.bench_chains            # full run, writes BENCHMARKS.md
+    .venv/bin/python -m speed.bench_chains --quick    # smoke run, prints only
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import time
 from pathlib import Path
 
 import torch
-from _common import toy_gaussian, write_section
 from torch import nn
 
 import metasampler as ms
 from metasampler.bayesian import BayesianModel
+from speed._common import toy_gaussian, write_section
 
-SECTION = "## Vectorised chains (speed/bench_chains.py)"
+SECTION = "## Vectorised chains"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -157,8 +157,8 @@ def goals_line(results: list[tuple]) -> str:
 
 def command_line(argv: list[str] | None) -> str:
     """The command that reproduces this run, as the section quotes it."""
-    return "cd /work/main && .venv/bin/python speed/" + " ".join(
-        [Path(__file__).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
+    return ".venv/bin/python -m speed." + " ".join(
+        [Path(__file__).stem, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
 
 

@@ -17,8 +17,8 @@ machine is shared with other jobs).
 
 Usage::
 
-    .venv/bin/python speed/bench_distributed.py            # full run, writes BENCHMARKS.md
-    .venv/bin/python speed/bench_distributed.py --quick    # smoke run, prints only
+    .venv/bin/python -m speed.bench_distributed            # full run, writes BENCHMARKS.md
+    .venv/bin/python -m speed.bench_distributed --quick    # smoke run, prints only
 """
 
 from __future__ import annotations
@@ -36,22 +36,19 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-from _common import write_section
 from torch import nn
 
-# The application packages (tasks, experiments) live in the repository, not in the wheel.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from experiments.run_config import load_config
+from metasampler import distributed
+from metasampler.bayesian import BayesianModel
+from metasampler.config import TrainConfig
+from metasampler.learned import NNSGHMC
+from metasampler.meta.trainer import MetaTrainer
+from metasampler.sampling import sample
+from speed._common import write_section
+from tasks.registry import Problem, ProblemFamily
 
-from experiments.run_config import load_config  # noqa: E402
-from metasampler import distributed  # noqa: E402
-from metasampler.bayesian import BayesianModel  # noqa: E402
-from metasampler.config import TrainConfig  # noqa: E402
-from metasampler.learned import NNSGHMC  # noqa: E402
-from metasampler.meta.trainer import MetaTrainer  # noqa: E402
-from metasampler.sampling import sample  # noqa: E402
-from tasks.registry import Problem, ProblemFamily  # noqa: E402
-
-SECTION = "## Chains sharded across processes (speed/bench_distributed.py)"
+SECTION = "## Chains sharded across processes"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -291,8 +288,8 @@ def result_tables(runs: dict[str, dict], works: dict[str, dict]) -> tuple[list[s
 
 def command_line(argv: list[str] | None) -> str:
     """The command that reproduces this run, as the section quotes it."""
-    return "cd /work/main && .venv/bin/python speed/" + " ".join(
-        [Path(__file__).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
+    return ".venv/bin/python -m speed." + " ".join(
+        [Path(__file__).stem, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
 
 

@@ -27,7 +27,7 @@ round's SGHMC block time.
   and untrained
   nets of 10 and 40 units (``NNSGHMC(q_hidden=(40,), d_hidden=(40,))`` is the default)
   with the ``softsign`` activation ``a / (1 + |a|)`` (one division per unit; the default
-  activation since session 17) and 40 units with ``tanh`` (its rational form of eleven
+  activation) and 40 units with ``tanh`` (its rational form of eleven
   coefficients; the default before). The warm-up waits for the background compiles, so the
   timed steps are the steady state.
 * ``meta``: one unrolled meta-training window (W = 5 steps with autograd, then the backward
@@ -50,9 +50,9 @@ round's SGHMC block time.
 
 Usage::
 
-    .venv/bin/python speed/bench_nnsghmc_overhead.py             # all, writes BENCHMARKS.md
-    .venv/bin/python speed/bench_nnsghmc_overhead.py --quick     # smoke run, prints only
-    .venv/bin/python speed/bench_nnsghmc_overhead.py --quick --parts sampling --threads 2 \
+    .venv/bin/python -m speed.bench_nnsghmc_overhead             # all, writes BENCHMARKS.md
+    .venv/bin/python -m speed.bench_nnsghmc_overhead --quick     # smoke run, prints only
+    .venv/bin/python -m speed.bench_nnsghmc_overhead --quick --parts sampling --threads 2 \
         --only floor_5units floor_softsign "40-unit softsign"   # some rows, two threads
 
 Every process runs one intra-op thread unless ``--threads`` says otherwise; a compiled step's
@@ -75,15 +75,15 @@ import warnings
 from pathlib import Path
 
 import torch
-from _common import toy_gaussian, write_section
 from torch import nn
 
 from metasampler.bayesian import BayesianModel
 from metasampler.export import load_sampler
 from metasampler.learned import NNSGHMC, fast
 from metasampler.samplers import SGHMC
+from speed._common import toy_gaussian, write_section
 
-SECTION = "## NNSGHMC per-step overhead (speed/bench_nnsghmc_overhead.py)"
+SECTION = "## NNSGHMC per-step overhead"
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "pretrained" / "mnist_mlp.safetensors"
 TRANSFER = ROOT / "pretrained" / "mnist_mlp_transfer.safetensors"  # energy-only curl
@@ -229,9 +229,8 @@ def time_meta(target, init, hidden: int, window: int, repeats: int, eta: float):
 FIRST_USE = """
 import os, sys, time, torch
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-sys.path.insert(0, {bench!r})
 t0 = time.perf_counter()
-from bench_nnsghmc_overhead import mlp_target, SHIPPED
+from speed.bench_nnsghmc_overhead import mlp_target, SHIPPED
 from metasampler.export import load_sampler
 from metasampler.samplers import SGHMC
 target, init = mlp_target((40, 40))
@@ -258,7 +257,7 @@ def first_use(threads: int) -> dict[str, list[float]]:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": str(threads),
                    "METASAMPLER_CACHE_DIR": cache, "TMPDIR": cache}  # fmt: skip
             env.pop("METASAMPLER_COMPILE", None)
-            code = FIRST_USE.format(bench=str(Path(__file__).parent))
+            code = FIRST_USE.format()  # (run from the repository root: cwd=ROOT)
             done = subprocess.run(
                 [sys.executable, "-c", code, kind], env=env, capture_output=True, text=True,
                 cwd=ROOT, check=True,
@@ -334,8 +333,8 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(rows), flush=True)
         lines += rows + [""]
     load_after = os.getloadavg()
-    command = "cd /work/main && .venv/bin/python speed/" + " ".join(
-        [Path(__file__).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
+    command = ".venv/bin/python -m speed." + " ".join(
+        [Path(__file__).stem, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
     body = f"""
 {__doc__.split("Usage::")[0].strip()}

@@ -31,31 +31,51 @@ CI and the test suite run on CPU only; this script is what runs on a machine wit
 
 Usage (on the GPU machine, from the repository root)::
 
-    python speed/device_check.py --device cuda            # every part
-    python speed/device_check.py --device cpu --quick     # smoke run of the script itself
+    python -m speed.device_check --device cuda            # every part
+    python -m speed.device_check --device cpu --quick     # smoke run of the script itself
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import platform
 import statistics
 import sys
 import time
 import warnings
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
+from metasampler.export import load_sampler
+from metasampler.learned import NNSGHMC, fast
+from metasampler.samplers import SGHMC
+from speed.bench_nnsghmc_overhead import FLOOR, PRECONDITIONED, SHIPPED, mlp_target
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "speed")]
 
-from bench_nnsghmc_overhead import FLOOR, PRECONDITIONED, SHIPPED, mlp_target  # noqa: E402
-from statistical import check_moments, moments, random_gaussian, run_chains  # noqa: E402
 
-from metasampler.export import load_sampler  # noqa: E402
-from metasampler.learned import NNSGHMC, fast  # noqa: E402
-from metasampler.samplers import SGHMC  # noqa: E402
+def _test_harness() -> ModuleType:
+    """The test suite's statistical harness, ``tests/statistical.py``, loaded from its file.
+
+    ``tests/`` is not a package (an installed dependency ships a top-level ``tests``), so the
+    module is loaded by path and registered as ``statistical``, as the test suite imports it.
+    """
+    path = ROOT / "tests" / "statistical.py"
+    spec = importlib.util.spec_from_file_location("statistical", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the test harness {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("statistical", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+_harness = _test_harness()
+check_moments, moments = _harness.check_moments, _harness.moments
+random_gaussian, run_chains = _harness.random_gaussian, _harness.run_chains
 
 FAILED: list[str] = []
 GAMMAS = ("exact", "finite_difference", "none")
@@ -333,9 +353,8 @@ def check_speed(
 
 FIRST_USE = """
 import sys, time, torch
-sys.path.insert(0, {speed!r})
 t0 = time.perf_counter()
-from bench_nnsghmc_overhead import mlp_target, FLOOR
+from speed.bench_nnsghmc_overhead import mlp_target, FLOOR
 from metasampler.export import load_sampler
 from metasampler.samplers import SGHMC
 device = torch.device({device!r})
@@ -402,7 +421,7 @@ def check_first_use(device: torch.device, steps: int) -> None:
             if prebuilt:  # (what scripts/setup.sh does, in another process)
                 command = [sys.executable, "-m", "metasampler.prebuild", str(FLOOR)]
                 subprocess.run(command, env=env, capture_output=True, cwd=ROOT, check=True)
-            code = FIRST_USE.format(speed=str(ROOT / "speed"), device=str(device), steps=steps)
+            code = FIRST_USE.format(device=str(device), steps=steps)
             done = subprocess.run(
                 [sys.executable, "-c", code, sampler], env=env, capture_output=True, text=True,
                 cwd=ROOT,

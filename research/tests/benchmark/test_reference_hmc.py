@@ -14,8 +14,8 @@ from metasampler.benchmark import synthetic_classification_problem
 from metasampler.benchmark.metrics import member_nll, predict_log_probs
 from metasampler.files import load_checksummed, save_checksummed
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "research" / "scripts"))
 import reference_hmc  # noqa: E402
 
 sys.path.pop(0)

@@ -61,7 +61,7 @@ def test_config_overrides_set_the_friction_the_script_reports(capsys) -> None:
     # methods.nnsghmc.momentum_decay replaces the file's constant friction c (a = eta c per
     # step at the test step): two values 0.1 apart move the table's `eta (s_D f_D + c)` column
     # by 0.1 once the config's 7 warm-up steps (at sqrt(0.47) of the step) are over.
-    config = Path(__file__).resolve().parents[2] / "configs" / "eval" / "quick.yaml"
+    config = Path(__file__).resolve().parents[3] / "configs" / "eval" / "quick.yaml"
 
     def constant_friction_column(decay: float) -> float:
         argv = ["--config", str(config), "--lr", "0.3", "--n-chains", "2", "--n-steps", "8"]

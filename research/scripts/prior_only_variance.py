@@ -20,10 +20,10 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from experiments.one_method import load_from_args, method_parser  # noqa: E402
+from one_method import load_from_args, method_parser  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

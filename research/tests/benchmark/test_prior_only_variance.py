@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "research" / "scripts"))
 import prior_only_variance  # noqa: E402
 
 sys.path.pop(0)

@@ -27,14 +27,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_nnsghmc_overhead import mlp_target, time_sampling  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from metasampler.learned import NNSGHMC, aot  # noqa: E402
 from metasampler.learned import nnsghmc as nnsghmc_module  # noqa: E402
 from metasampler.learned.nets import ACTIVATIONS  # noqa: E402
 from metasampler.samplers import SGHMC  # noqa: E402
+from speed.bench_nnsghmc_overhead import mlp_target, time_sampling  # noqa: E402
 
 
 def variants(activations: list[str], widths: list[int], lr: float = 0.007) -> dict:

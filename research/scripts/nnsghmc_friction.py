@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 # The application packages (tasks, experiments) live in the repository, not in the wheel.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from metasampler.cli import positive_int  # noqa: E402
 

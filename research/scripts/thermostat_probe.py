@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import metasampler as ms  # noqa: E402
 from metasampler.cli import positive_float, positive_int  # noqa: E402

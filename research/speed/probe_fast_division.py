@@ -27,12 +27,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_nnsghmc_overhead import mlp_target, time_sampling  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from metasampler.learned import NNSGHMC, aot  # noqa: E402
 from metasampler.learned import nnsghmc as nnsghmc_module  # noqa: E402
+from speed.bench_nnsghmc_overhead import mlp_target, time_sampling  # noqa: E402
 
 # The variants' builds: exact division (no shortcuts), the default, the estimate alone.
 EXACT, DEFAULT, ESTIMATE_ONLY = VARIANTS = ("exact division", "estimate + Newton", "estimate only")

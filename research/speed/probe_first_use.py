@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     start = time.perf_counter()
-    from bench_nnsghmc_overhead import SHIPPED, mlp_target
-
     from metasampler.export import load_sampler
+    from speed.bench_nnsghmc_overhead import SHIPPED, mlp_target
 
     target, init = mlp_target((40, 40))
     sampler = load_sampler(SHIPPED)

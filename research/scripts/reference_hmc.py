@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -74,7 +74,7 @@ def load_groups(paths: list[str], dim: int, chains: int | None) -> list[tuple[st
     Raises:
         ValueError: a file whose positions do not fit the config's model.
     """
-    from experiments.one_method import load_saved_states
+    from one_method import load_saved_states
 
     groups = []
     for path in paths:

@@ -1,5 +1,5 @@
 """One method of an ``evaluate.py`` config, as the protocol builds it, for the diagnostics in
-``scripts/`` (``chain_fit.py``, ``prior_only_variance.py``) that run a single method at a
+``research/scripts/`` (``chain_fit.py``, ``prior_only_variance.py``) that run a single method at a
 chosen per-batch learning rate instead of tuning it."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.benchmark_config import load_benchmark_config
 from metasampler.benchmark.methods import METHODS
 from metasampler.benchmark.protocol import MethodFactory
 from metasampler.config import ConfigError
-
-from .benchmark_config import load_benchmark_config
 
 
 def method_parser(description: str | None) -> argparse.ArgumentParser:

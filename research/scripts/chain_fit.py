@@ -54,10 +54,11 @@ from pathlib import Path
 import torch
 
 # The application packages (tasks, experiments) live in the repository, not in the wheel.
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from experiments.one_method import load_from_args, load_saved_states, method_parser  # noqa: E402
+from one_method import load_from_args, load_saved_states, method_parser  # noqa: E402
+
 from metasampler.cli import positive_float  # noqa: E402
 
 

@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parent
 
 
 def main(argv: list[str] | None = None) -> int:
-    from metasampler.cli import positive_int
     from reproduction import EXPERIMENTS, experiment_module
     from reproduction.common import ConfigError, load_experiment_config, write_outputs
+
+    from metasampler.cli import positive_int
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
