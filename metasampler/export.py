@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from .devices import check_device
 from .learned.nnsghmc import NNSGHMC
 from .nnsghmc_args import GAMMA_MODES, NNSGHMCArgs
 from .sampler_file import (
@@ -229,14 +230,21 @@ def load_sampler(
         An :class:`NNSGHMC` in ``eval()`` mode with ``requires_grad=False`` everywhere.
 
     Raises:
+        TypeError: ``path`` is not a path or a name (e.g. ``None``).
         FileNotFoundError: no file at ``path`` and no shipped sampler of that name.
         SamplerFileError: the file is not a valid sampler file of a version in
             ``READABLE_VERSIONS`` (the message says what is wrong).
+        DeviceError: ``device`` is not a device name or not available here (a ``ValueError``).
         ValueError: bad arguments, or no ``eta`` / ``lr`` given and none stored.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            "load_sampler: path must be a sampler file path or a shipped sampler's name "
+            f"(str or os.PathLike), got {type(path).__name__} {path!r}"
+        )
     # Arguments first, so that any error the constructor raises below is the file's.
+    device = check_device(device) or torch.device("cpu")
     _check_load_args(eta, lr, gamma, temperature, dtype)
-    device = torch.device(device)
 
     path = _sampler_file(path)
     file = read_sampler_file(path, READABLE_VERSIONS, FORMAT_VERSION)

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .devices import check_device
 from .posterior import to_inference_data
 from .samplers.base import Sampler, SamplerState, check_finite
 from .targets import Target, check_positions
@@ -152,9 +153,11 @@ def sample(
         ValueError: bad arguments (the message names it): wrong types (``bool`` is not a
             number here), counts out of range, ``burn_in >= n_steps`` or a ``thin`` that keeps
             no sample, a seed torch cannot take, an object that is not a sampler or target;
-            or bad shapes.
+            or bad shapes. A ``device`` that is not a device name or not available here
+            raises :class:`~metasampler.devices.DeviceError` (a ``ValueError``).
         NonFiniteError: a chain diverged; the message names the chain and the step.
     """
+    device = check_device(device)
     _check_arguments(sampler, target, n_chains, n_steps, burn_in, thin, seed, dtype, callback)
     device = _chain_device(init, device)
     generator = make_generator(seed, device)
