@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Reproduce the baseline results of the papers metasampler builds on (docs/REPRODUCTION.md).
+"""Reproduce the baseline results of the papers metasampler builds on (research/docs/REPRODUCTION.md).
 
 Usage::
 
@@ -7,11 +7,11 @@ Usage::
     python reproduce.py all [--out DIR]
 
 Experiments: mixture25, blr, double_well, mixture4, bnn_regression (see
-``reproduction/__init__.py``). The default config is ``configs/reproduce/<experiment>.yaml``;
+``reproduction/__init__.py``). The default config is ``research/configs/reproduce/<experiment>.yaml``;
 ``key=value`` overrides follow it (e.g. ``n_steps=2000 nnsghmc.enabled=false``). Unknown keys
 and bad values stop the run before any work, with a message naming the key.
 
-Outputs, each written atomically into ``--out`` (default ``docs/reproduction``):
+Outputs, each written atomically into ``--out`` (default ``research/docs/reproduction``):
 ``<experiment>.json`` (raw numbers and the resolved config), ``<experiment>.md`` (our table
 beside the paper's numbers) and ``<experiment>_<figure>.png``.
 """
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
-    parser.add_argument("--config", help="YAML config (default configs/reproduce/<exp>.yaml)")
+    parser.add_argument("--config", help="YAML config (default research/configs/reproduce/<exp>.yaml)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "reproduction"))
     parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")

@@ -1,6 +1,6 @@
 """How much the minibatch gradient noise heats a learned sampler on a Bayesian network.
 
-    python scripts/bnn_noise_heating.py [--config configs/eval/mnist_nt.yaml] \\
+    python research/scripts/bnn_noise_heating.py [--config configs/eval/mnist_nt.yaml] \\
         [--sampler mnist_mlp_stiffness_softsign] [--lr 0.072] [--steps 600] [--batches 40]
 
 Runs ``--steps`` steps of the sampler (4 chains) on the evaluation config's task, then at the
@@ -10,9 +10,9 @@ heating ``eta Q_f^2 V / (2 D_f)``, the relative excess temperature the noise bri
 (:func:`metasampler.benchmark.temperature.noise_heat`; docs/METHOD.md §3): what
 ``NNSGHMC(grad_noise_var=...)`` would remove if ``V`` were known.
 
-    python scripts/bnn_noise_heating.py --temperature --sampler runs/ss_c08/sampler.safetensors \
+    python research/scripts/bnn_noise_heating.py --temperature --sampler runs/ss_c08/sampler.safetensors \
         --lr 0.144 [--steps 1500] [--chains 5]
-    python scripts/bnn_noise_heating.py --temperature --sampler sghmc --lr 0.16 \
+    python research/scripts/bnn_noise_heating.py --temperature --sampler sghmc --lr 0.16 \
         [--friction-per-step 0.1]
 
 ``--noise-estimate`` (with ``--temperature``): the sampler estimates the gradient noise's
@@ -23,7 +23,7 @@ friction ``a = eta C`` per step) run ``--steps`` steps (no warm-up), and the mea
 over coordinates and chains, averaged over the last 500 steps (every 10th), is printed:
 ``T = 1`` at the target (``H = U + p.p / 2``); above it the chains run hot. Also the 50 / 90 /
 99 % quantiles of the final ``p_i^2`` (chi-square with one degree of freedom: 0.455 / 2.71 /
-6.63). docs/RESULTS.md, session 18.
+6.63). research/NOTEBOOK.md, session 18.
 """
 
 from __future__ import annotations

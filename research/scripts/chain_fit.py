@@ -1,6 +1,6 @@
 """Where an ``evaluate.py`` method's chains sit: per-chain train and test NLL and weight norm.
 
-    python scripts/chain_fit.py --config configs/eval/mnist_nt_af.yaml --method cnnsghmc \
+    python research/scripts/chain_fit.py --config configs/eval/mnist_nt_af.yaml --method cnnsghmc \
         --lr 4.2 --sampler pretrained/mnist_mlp_positive_preconditioned.safetensors \
         [--steps 1 100 500 1000 1500 1600 1700 1800 2000] [key=value ...]
 
@@ -35,12 +35,12 @@ is how much the kept states disagree (zero when they all predict alike).
 prints, per chain, its final configurational temperature, the test NLL of its own average and
 that of all chains' average without it, then the average over the chains whose final
 temperature is at most ``--hot`` against the average over the others: which chains the
-posterior average's NLL owes what to (a few hot chains, or the rest; docs/RESULTS.md, session
+posterior average's NLL owes what to (a few hot chains, or the rest; research/NOTEBOOK.md, session
 51).
 
 ``--save-states PATH`` writes the chains' final positions (a checksummed ``torch.save`` file
 with the config, method, learning rate and step), e.g. as start positions for
-``scripts/reference_hmc.py``. ``--init-states PATH`` starts the chains from such a file
+``research/scripts/reference_hmc.py``. ``--init-states PATH`` starts the chains from such a file
 instead of the config's initialisation (say, one sampler from where another left its chains),
 as many chains as it holds.
 """

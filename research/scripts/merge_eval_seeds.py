@@ -1,6 +1,6 @@
 """Merge ``evaluate.py`` results of one benchmark run on disjoint seeds or methods into one.
 
-    python scripts/merge_eval_seeds.py runs/eval/mnist_nt_seed0 runs/eval/mnist_nt_seed1 \
+    python research/scripts/merge_eval_seeds.py runs/eval/mnist_nt_seed0 runs/eval/mnist_nt_seed1 \
         runs/eval/mnist_nt_seed2 --out runs/eval/mnist_nt [--name mnist_nt]
 
 On a shared CPU one process per seed (``seeds=[s] name=<name>_seed<s>``) or per group of

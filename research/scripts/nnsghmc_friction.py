@@ -1,6 +1,6 @@
 """What a loaded NNSGHMC does on an ``evaluate.py`` task: its learned curl and friction per step.
 
-    python scripts/nnsghmc_friction.py --config configs/eval/mnist_nt.yaml --lr 0.036 \
+    python research/scripts/nnsghmc_friction.py --config configs/eval/mnist_nt.yaml --lr 0.036 \
         [--sampler PATH] [--n-chains 4] [--n-steps 400] [--every 50] [key=value ...]
 
 Runs the sampler under the config's protocol (warm-up phase, ``alpha_per_step``) at the per-batch

@@ -82,7 +82,7 @@ def load_from_args(args: argparse.Namespace) -> OneMethod | None:
 
 
 def load_saved_states(path: str, dim: int) -> dict[str, Any]:
-    """What ``scripts/chain_fit.py --save-states`` (or ``scripts/reference_hmc.py``) wrote to
+    """What ``research/scripts/chain_fit.py --save-states`` (or ``research/scripts/reference_hmc.py``) wrote to
     ``path``, its ``theta`` checked to be ``(chains, dim)`` positions.
 
     Raises:

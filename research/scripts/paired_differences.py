@@ -1,18 +1,18 @@
 """Paired differences between two methods over the evaluation seeds they share.
 
-    python scripts/paired_differences.py \
+    python research/scripts/paired_differences.py \
         --a runs/eval/run1:nnsghmc runs/eval/run1_seeds3to8:nnsghmc \
         --b runs/eval/baselines_seeds0to3:csghmc runs/eval/baselines_seeds4to8:csghmc
 
 Each side is one or more ``DIRECTORY:METHOD`` parts (``results.json`` of ``evaluate.py``;
 ``METHOD`` is the key in its ``methods``, e.g. ``nnsghmc``, ``csghmc``). A side's parts are
-merged as ``scripts/merge_eval_seeds.py`` merges them: one method, disjoint seeds, the same
+merged as ``research/scripts/merge_eval_seeds.py`` merges them: one method, disjoint seeds, the same
 tuned values. Seeds that both sides ran are paired, and the table gives each side's mean ±
 standard error over those seeds and the mean ± standard error of the per-seed differences
 ``A - B`` (a metric a run does not have, e.g. after divergence, is left out of its cell). Two
 methods run on the same seeds share the data split, the minibatch order's seed and the initial
 weights' seed, so the paired standard error is usually well below the unpaired one; a run's
-trajectory is chaotic, though, so pairing removes only that shared part (docs/RESULTS.md).
+trajectory is chaotic, though, so pairing removes only that shared part (research/NOTEBOOK.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Write a preconditioned SGHMC as an NNSGHMC sampler file, to evaluate it like a learned one.
 
-    python scripts/preconditioned_sghmc.py --power 0.5 --out psghmc_0.5.safetensors
+    python research/scripts/preconditioned_sghmc.py --power 0.5 --out psghmc_0.5.safetensors
     python evaluate.py --config configs/eval/fmnist_cnn_nt.yaml --sampler psghmc_0.5.safetensors
 
 The file is NNSGHMC reduced to SGHMC (``f_phiQ = 0``, ``beta_off = 1``, no ``f_phiD``, a
 constant friction per step) with the curl's preconditioner ``precondition_power`` on: SGHMC
 whose coordinate ``i`` moves at ``P_i = (V_i / median V)^(-power / 2)`` times the step. It
-separates what the preconditioner does from what the learned nets do (docs/RESULTS.md,
+separates what the preconditioner does from what the learned nets do (research/NOTEBOOK.md,
 session 15).
 """
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():  # f_phiQ = 0: Q_f = beta_off = 1 before the preconditioner
         sampler.f_q.head.weight.zero_()
         sampler.f_q.head.bias.zero_()
-    sampler.save(str(args.out), provenance={"script": "scripts/preconditioned_sghmc.py"})
+    sampler.save(str(args.out), provenance={"script": "research/scripts/preconditioned_sghmc.py"})
     print(f"wrote {args.out}")
     return 0
 

@@ -1,6 +1,6 @@
 """What variance a method of an ``evaluate.py`` config gives a coordinate that only the prior sees.
 
-    python scripts/prior_only_variance.py --config configs/eval/mnist_nt_af.yaml \
+    python research/scripts/prior_only_variance.py --config configs/eval/mnist_nt_af.yaml \
         --method csghmc --lr 0.1 methods.csghmc.momentum_decay=0.00333333 [key=value ...]
 
 A weight that no training example reaches (a first-layer weight on a pixel that is blank in

@@ -1,15 +1,15 @@
 """Continue SG-MCMC chains with exact, Metropolis-corrected HMC: what their states predict once
 the sampler's bias is gone.
 
-    python scripts/chain_fit.py --config configs/eval/mnist_nt.yaml --method sghmc --lr 0.16 \
+    python research/scripts/chain_fit.py --config configs/eval/mnist_nt.yaml --method sghmc --lr 0.16 \
         methods.sghmc.momentum_decay=0.1 budget.n_steps=8000 --save-states sghmc.pt
     (the same for other methods)
-    python scripts/reference_hmc.py --config configs/eval/mnist_nt.yaml \
+    python research/scripts/reference_hmc.py --config configs/eval/mnist_nt.yaml \
         --states sghmc.pt msgnht.pt nnsghmc.pt [--trajectories 200] [key=value ...]
 
 Every SG-MCMC sampler here samples its own stationary law, not the posterior: the step's
 discretisation and the minibatch noise bias it (e.g. SGHMC's output layers run hot by the
-configurational temperature, ``scripts/chain_fit.py``). HMC on the full data with a Metropolis
+configurational temperature, ``research/scripts/chain_fit.py``). HMC on the full data with a Metropolis
 test (:class:`metasampler.samplers.HMC`) has no such bias. Started from each sampler's saved
 chain states (one group per ``--states`` file, run side by side in one batch under the same
 mass and adaptation), it moves each group's chains towards the posterior near where that
@@ -20,8 +20,8 @@ posterior), the current states' mean NLL on the training data, their mean and en
 NLL, and the test NLL and error of the posterior average over the HMC states from trajectory
 ``--average-from`` on, with the states' mean member NLL (their disagreement is the gap). When
 the groups' statistics agree and stop moving, HMC has reached the posterior in them, and
-``scripts/chain_fit.py --init-states`` on its ``--save-states`` file shows where each SG
-sampler's own law lies from there (docs/RESULTS.md, "Converged HMC on a smaller network").
+``research/scripts/chain_fit.py --init-states`` on its ``--save-states`` file shows where each SG
+sampler's own law lies from there (research/NOTEBOOK.md, "Converged HMC on a smaller network").
 
 The inverse mass is each coordinate's variance over all groups' start states (pooled about
 their mean, floored at ``--mass-floor`` times its median): HMC's step then need not be set by

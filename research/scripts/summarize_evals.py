@@ -1,6 +1,6 @@
 """One markdown table across several ``evaluate.py`` result directories.
 
-    python scripts/summarize_evals.py runs/eval/mnist_nt runs/eval/mnist_nt_af ... \
+    python research/scripts/summarize_evals.py runs/eval/mnist_nt runs/eval/mnist_nt_af ... \
         [--metric average_error] [--step 50 | --from-step 1000]
 
 Rows are methods, columns are tasks; each cell is mean ± standard error over seeds of the chosen
@@ -12,7 +12,7 @@ mean of the curve's values from step ``N`` on. The final ensemble's NLL at the l
 snapshot of 20 chains, which jumps between evaluations by more than samplers differ;
 ``--metric ensemble_nll --from-step 1000`` averages it over a run's second half, the
 stationary quality of the final ensemble (standard errors about half as large on MNIST NT,
-docs/RESULTS.md session 38). The best sampler (not optimiser) per column is in bold.
+research/NOTEBOOK.md session 38). The best sampler (not optimiser) per column is in bold.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Put a toy sampler file inside its thermostat with its friction scaled on its training task.
 
-    python scripts/thermostat_friction_scale.py runs/toy/sampler.safetensors --out OUT \\
+    python research/scripts/thermostat_friction_scale.py runs/toy/sampler.safetensors --out OUT \\
         [--scales 1 0.5 0.25 ...] [--seeds 100 101 102] [--tolerance 0.15] [--z 2] \\
         [--n-steps 12000] [--n-chains 50] [--rotated]
 
 A sampler meta-trained without a thermostat learns a friction that also dissipates the
 gradient noise's heat; inside the thermostat that friction only slows the chains
-(docs/RESULTS.md, session 56). This runs the file inside its thermostat on the Gaussian it was
+(research/NOTEBOOK.md, session 56). This runs the file inside its thermostat on the Gaussian it was
 meta-trained on (read from the run's config in the file's header: the task, its gradient
 noise, and whether the sampler was told or estimated the noise), at its training step, for each
 friction scale from 1 down, and chooses by
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from metasampler.cli import positive_float, positive_int  # noqa: E402
 
 GAUSSIAN_KINDS = ("gaussian", "paper_train_gaussian", "paper_test_gaussian", "random_gaussians")
-ROTATION_SEED = 7  # --rotated: the basis of scripts/toy_unseen_targets.py's train10_rotated
+ROTATION_SEED = 7  # --rotated: the basis of research/scripts/toy_unseen_targets.py's train10_rotated
 
 
 def training_run(path: Path):
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run the training Gaussian in a random orthonormal basis and choose the "
         "smallest scale both accept (correlated targets of moderate conditioning are where a "
-        "scaled friction costs accuracy: docs/RESULTS.md, session 57)",
+        "scaled friction costs accuracy: research/NOTEBOOK.md, session 57)",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     provenance = dict(read_header(args.sampler)["provenance"])
     provenance["set_after_training"] = (
         f"thermostat=True and d_output_scale x {choice.scale:g} set after training by "
-        f"scripts/thermostat_friction_scale.py (tolerance {choice.tolerance:g}, z {choice.z:g}, "
+        f"research/scripts/thermostat_friction_scale.py (tolerance {choice.tolerance:g}, z {choice.z:g}, "
         f"chain seeds {list(args.seeds)}) on the training task"
         + (
             f" (task 0) and it in a rotated basis (task 1, seed {ROTATION_SEED})"

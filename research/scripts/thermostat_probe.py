@@ -1,6 +1,6 @@
 """Where each integrator leaves a stiff Gaussian's positions, with and without gradient noise.
 
-    python scripts/thermostat_probe.py [--sigma 0 3 10] [--friction 0.1] [--eta 0.1] \\
+    python research/scripts/thermostat_probe.py [--sigma 0 3 10] [--friction 0.1] [--eta 0.1] \\
         [--chains 400] [--steps 4000] [--burn-in 1000]
 
 The target is ``U = sum_i k_i theta_i^2 / 2`` with curvatures ``k = 1, 30, 100, 200`` (at
@@ -14,7 +14,7 @@ gradient noised with ``N(0, sigma^2)`` per coordinate, which no sampler is told.
 * mSGNHT with the splitting integrator (mSGNHT-S) at the same step, its diffusion giving the
   same friction per step; its thermometer is the momentum that moves the positions.
 
-docs/RESULTS.md (session 56) reads the table: what each thermometer leaves in the positions of
+research/NOTEBOOK.md (session 56) reads the table: what each thermometer leaves in the positions of
 stiff, noisy coordinates, as a NT+AF output layer's are.
 """
 

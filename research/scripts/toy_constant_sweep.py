@@ -1,11 +1,11 @@
 """Constant-coefficient complete-recipe samplers on the 20-D toy test protocol (SPEC §5).
 
-    python scripts/toy_constant_sweep.py --q 1.5 2 2.5 3 3.5 4 5 --d 0.5 1 1.5 2 3 4
+    python research/scripts/toy_constant_sweep.py --q 1.5 2 2.5 3 3.5 4 5 --d 0.5 1 1.5 2 3 4
 
 A complete-recipe step with constant ``Q_f = Q`` and ``D_f = D`` at step ``eta`` is SGHMC with
 step ``eta * Q`` and friction ``D / Q`` (substitute into the modified Euler update), so this
 maps the KL / ESS that state-independent coefficients reach: what learned nets must beat
-(docs/RESULTS.md, issue #11). Prints one line per ``(Q, D)``: KL@1k, KL@12k, ESS.
+(research/NOTEBOOK.md, issue #11). Prints one line per ``(Q, D)``: KL@1k, KL@12k, ESS.
 """
 
 from __future__ import annotations

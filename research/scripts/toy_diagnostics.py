@@ -1,6 +1,6 @@
-"""Why a toy sampler does what it does on the 20-D test Gaussian (docs/RESULTS.md, issue #11).
+"""Why a toy sampler does what it does on the 20-D test Gaussian (research/NOTEBOOK.md, issue #11).
 
-    python scripts/toy_diagnostics.py SAMPLER.safetensors [more files] [--steps 2000]
+    python research/scripts/toy_diagnostics.py SAMPLER.safetensors [more files] [--steps 2000]
 
 For each sampler file (or ``sghmc`` for SGHMC with friction 1), at the test step ``eta = 0.025``:
 

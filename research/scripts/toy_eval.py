@@ -1,6 +1,6 @@
 """Evaluate trained toy samplers on the 20-D test protocol (SPEC §5).
 
-    python scripts/toy_eval.py runs/toy_gaussian/sampler.safetensors [more files] \\
+    python research/scripts/toy_eval.py runs/toy_gaussian/sampler.safetensors [more files] \\
         [--n-steps 12000] [--n-chains 50] [--eta 0.025] [--seed 0] \\
         [--noise-correction | --noise-estimate] [--[no-]leapfrog] [--[no-]thermostat] \\
         [--json out.json]

@@ -1,6 +1,6 @@
 """Toy samplers on targets that neither their meta-training nor any setting's choice saw.
 
-    python scripts/toy_unseen_targets.py [--targets NAME ...] [--samplers SPEC ...] \\
+    python research/scripts/toy_unseen_targets.py [--targets NAME ...] [--samplers SPEC ...] \\
         [--seed 0] [--n-steps 12000] [--json out.jsonl]
 
 Each sampler runs 50 chains at ``eta = 0.025`` with gradient noise ``N(0, 1)`` on each target

@@ -12,8 +12,8 @@ the MLP's gradient, the noise draw or the rest of a step, which every activation
 
 Usage::
 
-    python speed/bench_activations.py --activations relu softsign tanh --repeats 6 [--kernel]
-    python speed/bench_activations.py --activations softsign --hidden 1 5 10 20 --kernel
+    python research/speed/bench_activations.py --activations relu softsign tanh --repeats 6 [--kernel]
+    python research/speed/bench_activations.py --activations softsign --hidden 1 5 10 20 --kernel
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ are built). The packages are then replayed on the same inputs in interleaved rou
 prints ms per call, the medians of per-round ratios to exact division, and the largest
 difference of each fast package's outputs from exact division's, relative to the state's scale.
 
-    .venv/bin/python speed/probe_fast_division.py [--rounds 8] [--calls 10] [--widths 40 5]
+    .venv/bin/python research/speed/probe_fast_division.py [--rounds 8] [--calls 10] [--widths 40 5]
         [--estimate-only]
 """
 

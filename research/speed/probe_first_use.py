@@ -2,7 +2,7 @@
 
     D=$(mktemp -d); TORCHINDUCTOR_CACHE_DIR=$D METASAMPLER_CACHE_DIR=$D TMPDIR=$D \\
         OMP_NUM_THREADS=1 \\
-        .venv/bin/python speed/probe_first_use.py [--steps 20] [--switch-interval 0.005]
+        .venv/bin/python research/speed/probe_first_use.py [--steps 20] [--switch-interval 0.005]
 
 Loads the shipped MNIST sampler with no flags (``compile=None``: background compile), samples
 the 784-40-40-10 MLP of ``bench_nnsghmc_overhead.py`` and prints the wall time of every step,

@@ -7,7 +7,7 @@ twice: as written, and with the ten divisions replaced by one division of the pr
 denominators and the prefix products that recover each reciprocal (Montgomery's trick). It prints
 both times, interleaved, and the largest difference between them.
 
-    .venv/bin/python speed/probe_tanh_division.py
+    .venv/bin/python research/speed/probe_tanh_division.py
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/chain_fit.py: the first-layer split by input frequency and the chains' NLLs."""
+"""research/scripts/chain_fit.py: the first-layer split by input frequency and the chains' NLLs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""scripts/nnsghmc_friction.py: the heat the gradient noise adds, against a measured one."""
+"""research/scripts/nnsghmc_friction.py: the heat the gradient noise adds, against a measured one."""
 
 from __future__ import annotations
 

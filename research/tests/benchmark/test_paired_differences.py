@@ -1,4 +1,4 @@
-"""scripts/paired_differences.py: seeds pooled per side, paired over the shared ones."""
+"""research/scripts/paired_differences.py: seeds pooled per side, paired over the shared ones."""
 
 from __future__ import annotations
 

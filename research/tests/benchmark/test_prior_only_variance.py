@@ -1,8 +1,8 @@
-"""scripts/prior_only_variance.py: the variance a method samples where only the prior acts.
+"""research/scripts/prior_only_variance.py: the variance a method samples where only the prior acts.
 
 Constant-step SGHMC samples the prior's variance; cSGHMC at its tuned NT+AF settings samples
 about half of it, because its temperature-0 exploration stages take about half of each cycle's
-SDE time (docs/RESULTS.md, session 34).
+SDE time (research/NOTEBOOK.md, session 34).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/reference_hmc.py: HMC from saved chain states cools hot chains to the posterior's
+"""research/scripts/reference_hmc.py: HMC from saved chain states cools hot chains to the posterior's
 temperature, and bad state files are refused with a clear message."""
 
 from __future__ import annotations

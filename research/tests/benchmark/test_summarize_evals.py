@@ -1,4 +1,4 @@
-"""scripts/summarize_evals.py: the cross-task table reads results.json files correctly."""
+"""research/scripts/summarize_evals.py: the cross-task table reads results.json files correctly."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``scripts/thermostat_probe.py``: where each integrator leaves a stiff Gaussian's positions."""
+"""``research/scripts/thermostat_probe.py``: where each integrator leaves a stiff Gaussian's positions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``scripts/toy_unseen_targets.py``: toy samplers on targets their training never saw."""
+"""``research/scripts/toy_unseen_targets.py``: toy samplers on targets their training never saw."""
 
 from __future__ import annotations
 
