@@ -27,7 +27,7 @@ the paper's MNIST code is available for every method alike: a warm-up phase
 like-for-like rival of cSGHMC. ``methods.{nnsghmc,sghmc}.grad_noise_estimate_from: S`` adds a
 cooling stage: the minibatch noise's variance is estimated, and its share of the injected noise
 left out, from step ``S`` of every run on (hot chains for the posterior average, cooled ones for
-the final ensemble; docs/RESULTS.md, session 38).
+the final ensemble; research/NOTEBOOK.md).
 
 Writes into ``<out_dir>/<name>/``, built in a staging directory and swapped in as a whole at
 the end (one atomic rename; an interrupted or failed run leaves earlier results as they
@@ -43,8 +43,8 @@ were, and the next run removes the staging directories killed runs left behind):
   :mod:`metasampler.benchmark.temperature`);
 * ``summary.csv``, ``curves.csv``, ``tuning.csv``; ``table.md`` (markdown table);
 * ``learning_curves.png`` (posterior average) and ``learning_curves_ensemble.png`` (K-chain
-  ensemble): test error / NLL against epochs and sampling wall-clock (004 Fig. 3);
-* ``entropy_cdf.png`` (predictive entropy on test and OOD inputs, 000 Fig. 4),
+  ensemble): test error / NLL against epochs and sampling wall-clock (Gong et al. 2019, Fig. 3);
+* ``entropy_cdf.png`` (predictive entropy on test and OOD inputs, Zhang et al. 2020, Fig. 4),
   ``calibration.png`` (reliability diagram); ``config.yaml``;
 * ``tb/<method>/seed<seed>/`` TensorBoard logs (``tensorboard --logdir <out_dir>``).
 

@@ -62,8 +62,8 @@ class BudgetConfig:
     eval_batch_size: int = 1000  # examples per forward pass when predicting
     max_test: int = 0  # >0: score only the first max_test test examples (CPU budgets)
     # Warm-up phase, every method alike (tuning runs too): the first warmup_steps steps run at
-    # warmup_lr_factor times the per-batch learning rate (004's MNIST code: one data epoch at
-    # lr 0.0085, then 0.018, a factor of ~0.47). 0 steps: no warm-up.
+    # warmup_lr_factor times the per-batch learning rate (Gong et al.'s MNIST code: one data epoch
+    # at lr 0.0085, then 0.018, a factor of ~0.47). 0 steps: no warm-up.
     warmup_steps: int = 0
     warmup_lr_factor: float = 1.0
 
@@ -79,7 +79,7 @@ class TuneConfig:
     thin: int = 10
     seed: int = 10_000  # chains of tuning runs use seeds that evaluation does not
     # Runs per grid value (seeds seed, seed + 1, ...), their validation NLLs averaged: one run
-    # is a noisy score (session 17: a rounding-level change moved MNIST NT scores by 2-6 %).
+    # is a noisy score (a rounding-level change moved MNIST NT scores by 2-6 %).
     n_seeds: int = 1
     max_val: int = 0  # >0: tune on the first max_val validation examples
     # While the best value sits at an end of the grid, add the next value beyond that end (by
@@ -88,11 +88,11 @@ class TuneConfig:
     max_extensions: int = 4
     # > 0: also extend past an end of the grid that scores within this fraction of the best
     # (one run per value is a noisy score: a bump next to the best can hide a better value
-    # beyond it; session 17). The extensions' cap is the same.
+    # beyond it). The extensions' cap is the same.
     edge_tolerance: float = 0.0
     # What a tuning run is scored by: the validation NLL of the posterior average of its
     # samples after burn_in ("average_nll") or of the final K-chain ensemble ("ensemble_nll",
-    # the paper's reported metric; session 18: it needs n_chains 0, an ensemble's NLL depends
+    # the paper's reported metric; it needs n_chains 0, an ensemble's NLL depends
     # on its number of chains).
     metric: str = "average_nll"
 
@@ -178,7 +178,7 @@ def _check_ranges(cfg: DictConfig) -> None:
         raise ConfigError(f"tune.edge_tolerance must be a finite number >= 0, got {tolerance!r}")
     if cfg.tune.metric == "ensemble_nll" and cfg.tune.n_chains not in (0, cfg.budget.n_chains):
         # A K-chain ensemble's NLL depends on K: 5-chain scores on MNIST NT chose a step 64x
-        # smaller than the posterior average did, and doubled the test error (session 18).
+        # smaller than the posterior average did, and doubled the test error.
         raise ConfigError(
             "tune.metric=ensemble_nll scores the final ensemble, whose NLL depends on its "
             f"number of chains: tune.n_chains ({cfg.tune.n_chains}) must be 0 or "

@@ -6,7 +6,7 @@ tensors and returns new tensors; nothing is modified in place. Gradients come in
 tensor (integrators that use the gradient at the incoming position) or through
 ``grad_fn(theta) -> (K, D)`` (integrators that move ``theta`` before evaluating it).
 
-Equations: SPEC §2; the SGHMC update is the modified Euler scheme of Gong et al. (ICLR
+Equations: docs/METHOD.md §2; the SGHMC update is the modified Euler scheme of Gong et al. (ICLR
 2019, appendix A, eq. 17); thermostat integrators follow Li et al. (AAAI 2016, §3).
 """
 
@@ -102,7 +102,7 @@ def complete_recipe_momentum(
     grad_noise_var: float | Tensor | None = None,
 ) -> Tensor:
     """Momentum half of the modified Euler step of a diagonal complete recipe (NNSGHMC,
-    Gong et al. 2019 eq. 7) with per-coordinate curl ``Q`` and friction ``D``:
+    Gong et al. 2019, eq. 7) with per-coordinate curl ``Q`` and friction ``D``:
     ``p <- (1 - eta D) p - eta Q grad + eta T Gamma_p + sqrt(2 eta T D - eta^2 Q^2 V) xi``;
     ``noise`` is ``xi ~ N(0, I)`` (``None``: no noise), ``gamma_p`` ``None``: no Gamma term.
 
@@ -171,8 +171,8 @@ def thermostat_euler_step(
     ``p += -h grad U(theta) - h xi p + sqrt(2 A h T) N(0, 1)``; ``xi += h (p*p - T)``.
 
     ``xi`` has the shape of ``theta``; the scalar thermostat keeps one value per chain,
-    repeated over coordinates. At ``T = 1`` this is exactly the update of SPEC §2. No noise is
-    drawn when ``T = 0`` or ``A = 0``.
+    repeated over coordinates. At ``T = 1`` this is exactly the update of docs/METHOD.md §2. No
+    noise is drawn when ``T = 0`` or ``A = 0``.
     """
     theta = theta + h * momentum
     momentum = momentum - h * grad_fn(theta) - h * xi * momentum
@@ -195,7 +195,7 @@ def thermostat_splitting_step(
     multivariate: bool,
     generator: torch.Generator | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Symmetric splitting A-B-O-B-A for (m)SGNHT, one gradient per step (Li et al. 2016 §3):
+    """Symmetric splitting A-B-O-B-A for (m)SGNHT, one gradient per step (Li et al. 2016, §3):
 
     A: ``theta += p h/2``, ``xi += (p*p - T) h/2``; B: ``p *= exp(-xi h/2)``;
     O: ``p += -grad U(theta) h + sqrt(2 A h T) N(0, 1)``; B; A.

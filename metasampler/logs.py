@@ -58,7 +58,7 @@ class RunLogger:
 
 @torch.no_grad()
 def plot_sampler_nets(sampler, energy_range=(0.0, 20.0), momentum_range=(-3.0, 3.0), n=80):
-    """Contours of the learned ``Q_f(U, p)`` and ``D_f(U, p, grad=0)`` as in 004 Fig. 4.
+    """Contours of the learned ``Q_f(U, p)`` and ``D_f(U, p, grad=0)`` (Gong et al. 2019, Fig. 4).
 
     The axes are the raw per-datum energy and momentum (the sampler's input statistics are
     applied as in sampling).

@@ -1,4 +1,4 @@
-"""Step-size schedules shared by every sampler (SPEC §2).
+"""Step-size schedules shared by every sampler (docs/METHOD.md §2).
 
 A schedule maps the 1-based step index ``k`` to a :class:`ScheduleValue`: a multiplier on the
 sampler's base step ``eta`` and whether step ``k`` belongs to an exploration stage
@@ -9,11 +9,11 @@ sampler's base step ``eta`` and whether step ``k`` belongs to an exploration sta
 * :class:`CyclicalCosine` — Zhang et al. (ICLR 2020, eq. 1): with ``L = ceil(K_total / M)``
   steps per cycle, ``eta_k = eta / 2 * (cos(pi * ((k - 1) mod L) / L) + 1)``; the step is
   in the exploration stage while ``r(k) = ((k - 1) mod L) / L < beta``.
-* :class:`HoldThenDecay` — constant for ``hold`` steps, then ``(k - hold) ** -gamma`` (seed 000
-  BLR and 25-Gaussian SGLD).
-* :class:`DecayThenHold` — ``k ** -gamma`` up to ``until``, then held (seed 002 §5.1).
+* :class:`HoldThenDecay` — constant for ``hold`` steps, then ``(k - hold) ** -gamma``
+  (Zhang et al. 2020 BLR and 25-Gaussian SGLD).
+* :class:`DecayThenHold` — ``k ** -gamma`` up to ``until``, then held (Pal et al., §5.1).
 * :class:`WarmUp` — another schedule times ``scale`` for the first ``steps`` steps (the
-  evaluation warm-up of 004's MNIST code: one data epoch at a smaller rate).
+  evaluation warm-up of Gong et al.'s MNIST code: one data epoch at a smaller rate).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class CyclicalCosine:
 class HoldThenDecay:
     """Constant for the first ``hold`` steps, then ``(k - hold) ** -gamma`` (``k`` 1-based).
 
-    Seed 000 appendix K.1 (BLR): "the stepsize is a for the first 5000 iterations and then
+    Zhang et al. 2020, appendix K.1 (BLR): "the stepsize is a for the first 5000 iterations and then
     switch to the decay schedule (2) with b = 0, gamma = 0.55"; the public 25-Gaussian code
     (``sgld.m``) does the same with ``hold = 500``. The decay counts from the switch, so the
     step is continuous there.
@@ -129,7 +129,7 @@ class HoldThenDecay:
 class DecayThenHold:
     """``k ** -gamma`` for ``k <= until``, then held at ``until ** -gamma`` (``k`` 1-based).
 
-    Seed 002 §5.1: ``eta_t = eta_0 (t + 1)^-0.55`` for ``t < 200``, else
+    Pal et al., §5.1: ``eta_t = eta_0 (t + 1)^-0.55`` for ``t < 200``, else
     ``eta_0 * 200^-0.55`` (``t`` 0-based, so ``k = t + 1``).
     """
 
@@ -144,8 +144,8 @@ class DecayThenHold:
 class WarmUp:
     """``then``'s value with its multiplier times ``scale`` for ``k <= steps``, unchanged after.
 
-    The paper's MNIST evaluation (004, ``NetworkTopologyGeneralization.py``) runs the first
-    data epoch at a smaller per-batch rate (0.0085, then 0.018); :func:`WarmUp` expresses that
+    The paper's MNIST evaluation (Gong et al. 2019, ``NetworkTopologyGeneralization.py``) runs the
+    first data epoch at a smaller per-batch rate (0.0085, then 0.018); :func:`WarmUp` expresses that
     phase for any sampler, on top of its own schedule (the exploration flags of a cyclical
     schedule pass through). ``scale`` multiplies the SDE step ``eta``, so a learning-rate
     factor ``f`` is ``scale = f`` for first-order and ``sqrt(f)`` for second-order samplers

@@ -1,4 +1,4 @@
-"""The one place where an optimiser-style learning rate becomes an SDE step (SPEC §1).
+"""The one place where an optimiser-style learning rate becomes an SDE step (docs/METHOD.md §1).
 
 A per-batch learning rate ``lr`` of an optimiser on the *mean* loss corresponds to
 ``eta = lr / N`` for first-order samplers (SGLD, pSGLD: the drift is ``-eta * grad Ũ``) and

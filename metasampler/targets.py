@@ -1,4 +1,4 @@
-"""Targets: energies evaluated on ``K`` chains at once (SPEC §1).
+"""Targets: energies evaluated on ``K`` chains at once (docs/METHOD.md §1).
 
 A target is anything with a ``dim``, an ``n_data`` and an ``evaluate`` method that maps a
 ``(K, D)`` tensor of positions to an :class:`Evaluation`. The sampling distribution is
@@ -137,7 +137,7 @@ class EnergyTarget:
         energy_fn: maps positions ``(K, D)`` to energies ``(K,)``; differentiable by autograd.
         dim: dimension ``D`` of the position space.
         grad_noise_std: standard deviation ``sigma`` of Gaussian noise added to every gradient
-            coordinate, mimicking minibatch noise (SPEC §1). ``0`` gives exact gradients.
+            coordinate, mimicking minibatch noise (docs/METHOD.md §1). ``0`` gives exact gradients.
         grad_fn: optional closed-form gradient ``(K, D) -> (K, D)``; skips autograd when given
             (used only when ``create_graph`` is false).
         n_data: the ``N`` used to turn energies into per-datum energies (1 for toy targets).

@@ -1,4 +1,4 @@
-"""Bayesian neural-network classification tasks (004 §5.2, §5.3, appendix F.2/F.3; SPEC §4, §6).
+"""Bayesian neural-network classification tasks (Gong et al. 2019, §5.2, §5.3, appendix F.2/F.3).
 
 Task kinds (``TaskConfig.kind``), built by :func:`build_bnn_problem` (called from
 ``tasks.registry.build_problem``):
@@ -143,7 +143,8 @@ def make_cnn(
     activation and a 2x2 max-pool, then an fc layer of ``fc`` units and the output layer.
 
     For 28x28x1 inputs the feature map is ``channels x 5 x 5``. ``make_cnn(8, 50, 10)`` (the
-    paper's training net, 004 F.3, on 1-channel 28x28 images) has 11,224 parameters;
+    paper's training net, Gong et al. 2019, appendix F.3, on 1-channel 28x28 images) has 11,224
+    parameters;
     ``make_cnn(16, 100, 10)`` (its NT test net) has 43,590.
     """
     if min(int(channels), int(fc), int(n_classes), int(in_channels)) < 1:

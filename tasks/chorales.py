@@ -1,4 +1,5 @@
-"""Bayesian GRU on polyphonic music: Bach chorales, transfer to Palestrina (004 §5.4, F.4).
+"""Bayesian GRU on polyphonic music: Bach chorales, transfer to Palestrina (Gong et al. 2019,
+§5.4, appendix F.4).
 
 Task kind ``chorale_gru`` (``TaskConfig.kind``), built by :func:`build_chorale_problem`
 (dispatched from ``tasks.bnn.build_bnn_problem``). The paper trains the sampler on a
@@ -6,7 +7,7 @@ Task kind ``chorale_gru`` (``TaskConfig.kind``), built by :func:`build_chorale_p
 training task is a 100-unit GRU on Bach chorales (``task.hidden: [100]``), the NT test task a
 200-unit GRU on Bach, and the dataset-transfer task a 200-unit GRU on Palestrina.
 
-**Data** (SPEC §6; needs the optional pip package ``music21``, the project's ``music`` extra):
+**Data** (needs the optional pip package ``music21``, the project's ``music`` extra):
 
 * ``task.dataset: bach``: the ``.mxl`` files of ``music21.corpus.getComposer('bach')`` with
   four parts (the four-part chorales, the source of the JSB set; other files, e.g. chorales

@@ -19,12 +19,12 @@ class TaskKind(str, Enum):
     """Targets the meta-trainer and evaluator know how to build (``tasks/registry.py``)."""
 
     gaussian = "gaussian"  # any-D Gaussian (identity / diagonal / correlated)
-    paper_train_gaussian = "paper_train_gaussian"  # 004 F.1: 10-D, mean 3, random diagonal
-    paper_test_gaussian = "paper_test_gaussian"  # 004 F.1: 20-D, mean 3, correlated
+    paper_train_gaussian = "paper_train_gaussian"  # Gong et al. 2019, F.1: 10-D, mean 3, diagonal
+    paper_test_gaussian = "paper_test_gaussian"  # Gong et al. 2019, F.1: 20-D, mean 3, correlated
     random_gaussians = "random_gaussians"  # a new random Gaussian every meta-epoch
-    mnist_mlp = "mnist_mlp"  # 004 F.2 (transfer issue)
-    fmnist_cnn = "fmnist_cnn"  # 004 F.3 stand-in (transfer issue)
-    chorale_gru = "chorale_gru"  # 004 F.4 (transfer issue)
+    mnist_mlp = "mnist_mlp"  # Gong et al. 2019, F.2 (transfer benchmark)
+    fmnist_cnn = "fmnist_cnn"  # Gong et al. 2019, F.3 stand-in (transfer benchmark)
+    chorale_gru = "chorale_gru"  # Gong et al. 2019, F.4 (transfer benchmark)
 
 
 class MusicDataset(str, Enum):
@@ -50,7 +50,8 @@ class TaskConfig:
     seed: int = 0  # seeds the random covariance / data split
     grad_noise_std: float = 1.0  # toy targets: injected gradient noise sigma
     # Gaussian targets: the energy fed to a learned sampler's nets includes the constant
-    # ½ log(2 pi det Sigma), as the paper's toy code (SPEC §4; GaussianTask.with_normalised_energy)
+    # ½ log(2 pi det Sigma), as the paper's toy code (docs/METHOD.md §5;
+    # GaussianTask.with_normalised_energy)
     energy_log_normaliser: bool = False
     init_low: float = 0.0  # toy chains start uniform in [init_low, init_high]^D
     init_high: float = 6.0

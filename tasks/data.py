@@ -1,4 +1,4 @@
-"""Offline image-classification data: MNIST and Fashion-MNIST (SPEC §6). Nothing is downloaded.
+"""Offline image-classification data: MNIST and Fashion-MNIST. Nothing is downloaded.
 
 Sources:
 

@@ -1,8 +1,8 @@
-"""The 1-D double-well toy target of paper 001 (§3, after Ding et al. 2014).
+"""The 1-D double-well toy target of Li et al. (2016, §3, after Ding et al. 2014).
 
 :class:`DoubleWell` — ``U(x) = (x+4)(x+1)(x-1)(x-3)/14 + 0.5``, with its normaliser, mean and
-variance by quadrature and exact histogram-bin probabilities for the histogram KL of paper
-001 Fig. 1.
+variance by quadrature and exact histogram-bin probabilities for the histogram KL of
+Li et al. 2016, Fig. 1.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ __all__ = ["DoubleWell"]
 
 
 class DoubleWell(ToyTask):
-    """1-D double well ``U(x) = (x+4)(x+1)(x-1)(x-3)/14 + 0.5`` (paper 001 §3).
+    """1-D double well ``U(x) = (x+4)(x+1)(x-1)(x-3)/14 + 0.5`` (Li et al. 2016, §3).
 
     ``pi(x) ∝ exp(-U(x))`` has modes at ``x ≈ -2.935`` and ``x ≈ 2.224``. The normaliser,
     mean and variance come from adaptive quadrature (``scipy.integrate.quad``, relative
     tolerance 1e-13) at construction. The stated default grid ``[-6, 5]`` holds all but
     3e-17 of the mass.
 
-    Gradient noise: paper 001 writes ``grad Ũ h = grad U h + N(0, 2 B h)`` with ``B = 1``;
+    Gradient noise: Li et al. (2016) write ``grad Ũ h = grad U h + N(0, 2 B h)`` with ``B = 1``;
     see :meth:`noise_std_for`.
     """
 
@@ -75,9 +75,9 @@ class DoubleWell(ToyTask):
 
     @staticmethod
     def noise_std_for(noise_b: float = 1.0, step: float | None = None) -> float:
-        """``grad_noise_std`` for paper 001's noise ``N(0, 2 B h)`` on ``h * grad U``.
+        """``grad_noise_std`` for Li et al.'s noise ``N(0, 2 B h)`` on ``h * grad U``.
 
-        ``step=None`` gives SPEC §5's reading, gradient-noise variance ``2 B``
+        ``step=None`` gives the reading used here, gradient-noise variance ``2 B``
         (``sqrt(2 B)``); with ``step = h`` the literal reading ``Var = 2 B / h``.
         """
         b = _positive("noise_b", noise_b)

@@ -1,8 +1,8 @@
-"""Gaussian toy targets (SPEC §4 toy settings, §5).
+"""Gaussian toy targets (docs/METHOD.md §5).
 
 :class:`GaussianTask` — ``U = 0.5 (x - m)^T P (x - m)``, ``P = Sigma^{-1}``.
 :func:`paper_train_gaussian` / :func:`paper_test_gaussian` are the meta-training and test
-densities of Gong et al. (ICLR 2019, paper 004, §5.1 and appendix F.1): a 10-D Gaussian
+densities of Gong et al. (ICLR 2019, §5.1 and appendix F.1): a 10-D Gaussian
 with mean 3 and random diagonal covariance, and a 20-D correlated Gaussian with mean 3.
 The paper does not say how the covariances are drawn; the public reference code uses
 ``diag(U(0, 1))`` for training and ``L L^T``, ``L = 0.6 N(0, 1)^{20x20}`` for the test
@@ -94,7 +94,7 @@ class GaussianTask(ToyTask):
         """A copy whose :meth:`target` energy is ``U + ½ log(2 pi det cov)``.
 
         The paper's toy code (``U_Gaussian`` in its ``Util.py``) feeds its nets this energy
-        (SPEC §4), with the normaliser written with one ``2 pi`` rather than ``(2 pi)^D``;
+        (docs/METHOD.md §5), with the normaliser written with one ``2 pi`` rather than ``(2 pi)^D``;
         we add the same constant so that nets trained here see the paper's inputs. A sampler
         trained with it must be tested with it (config ``task.energy_log_normaliser``).
         """
@@ -146,9 +146,10 @@ class GaussianTask(ToyTask):
         return self.mean + z @ self.cov_cholesky.T
 
     def kl_from_moments(self, mean: Tensor, cov: Tensor) -> float:
-        """``KL(N(mean, cov) || this)``, the bias metric of paper 004 §5.1 / Ma et al. (2015).
+        """``KL(N(mean, cov) || this)``: the bias metric of Gong et al.
+        (2019, §5.1), after Ma et al. (2015).
 
-        With ``mean, cov`` the moments of all samples so far this is SPEC §5's
+        With ``mean, cov`` the moments of all samples so far this is the toy test's
         "KL(Gaussian fit to samples ‖ target)".
         """
         m = _vector("mean", mean, self.dim, torch.float64, self.cov.device)
@@ -311,7 +312,7 @@ def paper_train_gaussian(
     eig_range: tuple[float, float] = (0.1, 1.0),
     spacing: str = "uniform",
 ) -> GaussianTask:
-    """Meta-training density of paper 004 (appendix F.1): 10-D, mean 3, random diagonal cov.
+    """Meta-training density of Gong et al. (2019, appendix F.1): 10-D, mean 3, random diagonal cov.
 
     The paper says only "randomly generated covariance matrix"; the public reference code
     draws variances ``U(0, 1)``. We draw them uniformly in ``[0.1, 1.0]`` with both ends
@@ -333,7 +334,7 @@ def paper_train_gaussian(
 def paper_test_gaussian(
     seed: int = 0, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
 ) -> GaussianTask:
-    """Test density of paper 004 (§5.1, appendix F.1): 20-D correlated Gaussian, mean 3.
+    """Test density of Gong et al. (2019, §5.1, appendix F.1): 20-D correlated Gaussian, mean 3.
 
     Construction (the public reference code's ``generate_Cov`` with the scale of its stored
     test covariance): ``Sigma = L L^T``, ``L = 0.6 N(0, 1)^{20 x 20}``, with eigenvalues
@@ -361,7 +362,7 @@ def gaussian_2d(
     dtype: torch.dtype = torch.float64,
     device: torch.device | str | None = None,
 ) -> GaussianTask:
-    """A 2-D Gaussian for trajectory plots (paper 004 Fig. 2 plots one on ``[0, 6]^2``).
+    """A 2-D Gaussian for trajectory plots (Gong et al. 2019, Fig. 2 plots one on ``[0, 6]^2``).
 
     ``cov = [[s1^2, rho s1 s2], [rho s1 s2, s2^2]]``; the paper does not give its
     covariance, ``rho = 0.9`` (strongly correlated) is our default.

@@ -1,8 +1,8 @@
 """Gaussian-mixture toy targets with exact moments and mode coverage.
 
 :class:`GaussianMixtureTask` — ``U = -log sum_m w_m exp(-||x - c_m||^2 / (2 s^2))``;
-:func:`mixture_25` (paper 000 §5.1: means on ``{-4,-2,0,2,4}^2``, covariance ``0.03 I``)
-and :func:`mixture_4` (paper 002 §5.1: means ``(±0.4, ±0.4)``, covariance ``0.02 I``).
+:func:`mixture_25` (Zhang et al. 2020, §5.1: means on ``{-4,-2,0,2,4}^2``, covariance ``0.03 I``)
+and :func:`mixture_4` (Pal et al., §5.1: means ``(±0.4, ±0.4)``, covariance ``0.02 I``).
 """
 
 from __future__ import annotations
@@ -91,12 +91,12 @@ class GaussianMixtureTask(ToyTask):
         return self.centres[comp] + math.sqrt(self.var) * z
 
     def mode_counts(self, samples: Tensor, radius: float = 0.25) -> Tensor:
-        """Number of samples within ``radius`` of each centre, shape ``(M,)`` (paper 000 §5.1;
-        :func:`metasampler.diagnostics.mode_coverage`)."""
+        """Number of samples within ``radius`` of each centre, shape ``(M,)`` (Zhang et al. 2020,
+        §5.1; :func:`metasampler.diagnostics.mode_coverage`)."""
         return self._coverage(samples, radius, 1)[1]
 
     def modes_covered(self, samples: Tensor, radius: float = 0.25, min_count: int = 100) -> int:
-        """Modes with at least ``min_count`` samples within ``radius`` (paper 000 Table 4:
+        """Modes with at least ``min_count`` samples within ``radius`` (Zhang et al. 2020, Table 4:
         ``radius = 0.25``, ``min_count = 100``; :func:`metasampler.diagnostics.mode_coverage`)."""
         return self._coverage(samples, radius, _count("min_count", min_count))[0]
 
@@ -118,7 +118,8 @@ class GaussianMixtureTask(ToyTask):
 def mixture_25(
     dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
 ) -> GaussianMixtureTask:
-    """25 equal-weight Gaussians, means on ``{-4,-2,0,2,4}^2``, cov ``0.03 I`` (paper 000)."""
+    """25 equal-weight Gaussians, means on ``{-4,-2,0,2,4}^2``, cov ``0.03 I``
+    (Zhang et al. 2020)."""
     g = torch.tensor([-4.0, -2.0, 0.0, 2.0, 4.0], dtype=torch.float64)
     centres = torch.cartesian_prod(g, g)
     return GaussianMixtureTask(centres, 0.03, dtype=dtype, device=device)
@@ -127,7 +128,7 @@ def mixture_25(
 def mixture_4(
     dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
 ) -> GaussianMixtureTask:
-    """4 equal-weight Gaussians, means ``(±0.4, ±0.4)``, cov ``0.02 I`` (paper 002 §5.1)."""
+    """4 equal-weight Gaussians, means ``(±0.4, ±0.4)``, cov ``0.02 I`` (Pal et al., §5.1)."""
     centres = torch.tensor(
         [[-0.4, -0.4], [-0.4, 0.4], [0.4, -0.4], [0.4, 0.4]], dtype=torch.float64
     )

@@ -1,7 +1,7 @@
 """What the toy targets share: argument checks and the :class:`ToyTask` base class.
 
-Every toy task holds the exact target ``pi(theta) ∝ exp(-U(theta))`` (temperature 1, SPEC §1)
-and its known moments, and hands out a :class:`metasampler.EnergyTarget` with a closed-form
+Every toy task holds the exact target ``pi(theta) ∝ exp(-U(theta))`` (temperature 1, docs/METHOD.md
+§1) and its known moments, and hands out a :class:`metasampler.EnergyTarget` with a closed-form
 gradient (no autograd in the sampling loop) and optional injected gradient noise
 ``grad Ũ = grad U + sigma * N(0, I)``. Energies omit additive constants; ``log_density`` is
 normalised. Exact parameters are kept in float64 (unless another ``dtype`` is asked for);
@@ -145,7 +145,7 @@ class ToyTask:
 
         Args:
             grad_noise_std: ``sigma`` of the injected gradient noise
-                ``grad Ũ = grad U + sigma N(0, I)`` (SPEC §1); 0 gives exact gradients.
+                ``grad Ũ = grad U + sigma N(0, I)`` (docs/METHOD.md §1); 0 gives exact gradients.
             dtype, device: where the chains will live; the task's parameters are cast
                 there once. Positions of another dtype/device still work (cast per call).
 

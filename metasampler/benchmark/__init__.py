@@ -1,13 +1,13 @@
 """Sampler benchmarks.
 
-The transfer-generalisation benchmark of Bayesian neural networks (004 §5.2, Table 1,
+The transfer-generalisation benchmark of Bayesian neural networks (Gong et al. 2019, §5.2, Table 1,
 Fig. 3) behind ``evaluate.py``, one concern per module:
 
 * :mod:`.metrics`: ensemble / posterior-average metrics (error, NLL, ECE, entropy; per frame
   for sequence tasks), :class:`RunningAverage`, :func:`mean_se`;
 * :mod:`.methods`: the method registry :data:`METHODS` (config section schema, builder,
   lr -> eta order, tuned parameter), :func:`build_method`;
-* :mod:`.protocol`: the warm-up phase and NNSGHMC's ``alpha`` (004's MNIST protocol),
+* :mod:`.protocol`: the warm-up phase and NNSGHMC's ``alpha`` (Gong et al.'s MNIST protocol),
   :class:`MethodFactory`;
 * :mod:`.tuning`: :func:`tune_step_size` (grid + automatic extension beyond an end);
 * :mod:`.run`: one method, one seed (:func:`run_method`, :class:`MethodRunner`);
@@ -15,12 +15,12 @@ Fig. 3) behind ``evaluate.py``, one concern per module:
 * :mod:`.results`, :mod:`.tables`, :mod:`.plots`, :mod:`.publish`: the result document, the
   tables, the figures and the result files (:func:`write_results`);
 * :mod:`.synthetic`: a data-free classification problem for tests and smoke runs;
-* :mod:`.gaussian`: the toy Gaussian benchmark (004 §5.1, :func:`gaussian_benchmark`);
+* :mod:`.gaussian`: the toy Gaussian benchmark (Gong et al. 2019, §5.1, :func:`gaussian_benchmark`);
 * :mod:`.friction_scale`: a learned sampler's friction inside its thermostat, scaled on the
   Gaussian it was trained on (:func:`choose_friction_scale`).
 
-Conventions: "lr" is the optimiser-style per-batch learning rate of SPEC §1, converted to the
-SDE step ``eta`` by :mod:`metasampler.stepsize` (``lr / N`` for SGLD, pSGLD, SGD-M, Adam;
+Conventions: "lr" is the optimiser-style per-batch learning rate of docs/METHOD.md §1, converted to
+the SDE step ``eta`` by :mod:`metasampler.stepsize` (``lr / N`` for SGLD, pSGLD, SGD-M, Adam;
 ``sqrt(lr / N)`` for SGHMC, mSGNHT, NNSGHMC). Friction-type constants are given per step
 (``momentum_decay = eta * C``, NNSGHMC's ``alpha_per_step = eta_warmup * alpha``, the paper's
 0.01), so they follow the tuned step.

@@ -3,7 +3,7 @@
 A sampler meta-trained without a thermostat learns a friction ``D_f`` that also dissipates the
 gradient noise's heat. Inside NNSGHMC's thermostat (``thermostat = True``), which takes that
 heat out itself, the same friction only slows the chains: on the toy a quarter of it mixes
-twice as fast at a lower KL (docs/RESULTS.md, session 56). :func:`choose_friction_scale`
+twice as fast at a lower KL (research/NOTEBOOK.md). :func:`choose_friction_scale`
 picks the factor ``s`` of ``D_f = s s_D f_D`` (``d_output_scale``, which Gamma differentiates
 with the rest) on a Gaussian the caller names, which should be the meta-training task, never
 the test: the scales are tried from 1 down, and the one chosen is the last before the first
@@ -11,8 +11,8 @@ whose mean KL at the run's end rises above the unscaled friction's by more than 
 of it and by more than the seeds' scatter (a smaller friction only helps while the chains stay
 as accurate). The task decides: the same toy files keep their full friction when the choice runs
 on the training Gaussian with its coordinates rotated, and a scaled friction costs KL on
-correlated Gaussians of moderate conditioning while it helps on stiff ones (docs/RESULTS.md,
-session 57), so choose on a Gaussian like the targets to be sampled.
+correlated Gaussians of moderate conditioning while it helps on stiff ones
+(research/NOTEBOOK.md), so choose on a Gaussian like the targets to be sampled.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = [
     "pick_friction_scale",
 ]
 
-#: 1, 1/2, ..., 1/32: session 56's grid (the toy files' choices were 1/16 to 1/2).
+#: 1, 1/2, ..., 1/32 (the shipped toy files' choices were 1/16 to 1/2).
 DEFAULT_FRICTION_SCALES: tuple[float, ...] = tuple(2.0**-k for k in range(6))
 
 

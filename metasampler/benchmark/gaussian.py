@@ -1,8 +1,9 @@
 """Sampler benchmarks on targets with known moments (toy Gaussians).
 
 :func:`gaussian_benchmark` runs any sampler on a :class:`tasks.toy.GaussianTask`-like object
-(with ``mean``, ``cov`` and ``target(grad_noise_std)``) and reports what 004 §5.1 reports:
-the KL of the Gaussian fitted to all samples so far (at chosen steps) and the BEAST-style ESS.
+(with ``mean``, ``cov`` and ``target(grad_noise_std)``) and reports what Gong et al. 2019, §5.1
+reports: the KL of the Gaussian fitted to all samples so far (at chosen steps) and the
+BEAST-style ESS.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from ..sampling import sample
 
 __all__ = ["gaussian_benchmark"]
 
-#: The gradient noise of the paper's toy test (SPEC §5): ``N(0, 1)`` added to every coordinate.
+#: The gradient noise of the paper's toy test (docs/METHOD.md §5): ``N(0, 1)`` added to every
+#: coordinate.
 TEST_GRAD_NOISE_STD = 1.0
 
 
@@ -38,8 +40,8 @@ def gaussian_benchmark(
     """Run ``sampler`` on the Gaussian ``task``; return ``kl@t`` for ``t`` in ``kl_at``,
     ``ess`` (BEAST-style, per chain, as the paper's toy code) and ``ess_min`` (Geyer, total).
 
-    Chains start uniformly in ``[init_low, init_high]^D`` (004 F.1) and no burn-in is dropped,
-    matching the paper's curves.
+    Chains start uniformly in ``[init_low, init_high]^D`` (Gong et al. 2019, appendix F.1) and no
+    burn-in is dropped, matching the paper's curves.
     """
     kl_at = [int(t) for t in kl_at if int(t) <= n_steps]
     target = task.target(grad_noise_std)

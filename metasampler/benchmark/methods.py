@@ -70,14 +70,14 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 @dataclass
 class MethodGrid:
-    """One method: whether to run it and its per-batch learning-rate grid (SPEC §1)."""
+    """One method: whether to run it and its per-batch learning-rate grid (docs/METHOD.md §1)."""
 
     enabled: bool = True
     lr_grid: list[float] = field(default_factory=lambda: [0.01])
     # The posterior's temperature T the method samples, pi ∝ exp(-U / T) (samplers only; the
     # optimiser references run at T = 0): 1 is the posterior; another value samples a tempered
     # posterior, a control for how a test score moves with the temperature of the chains
-    # (docs/RESULTS.md, session 51).
+    # (research/NOTEBOOK.md).
     temperature: float = 1.0
 
 
@@ -92,26 +92,26 @@ class NNSGHMCMethod(MethodGrid):
     # bit-reproducible), null = compile in the background while eager steps run (the library
     # default; results differ at float rounding from the switch on). Speeds: BENCHMARKS.md.
     compile: bool | None = False
-    # The paper's alpha handling (004 F.2): alpha = alpha_per_step / eta_warmup, set from the
-    # step of the warm-up phase (the test step when there is none) and kept for the whole run,
-    # for a sampler whose friction_units is "absolute". None (default): keep the file's alpha,
-    # the value it was meta-trained with (a file does not say how it was derived, and a
-    # "per_step" sampler's alpha already transfers across N and eta).
+    # The paper's alpha handling (Gong et al. 2019, appendix F.2): alpha = alpha_per_step /
+    # eta_warmup, set from the step of the warm-up phase (the test step when there is none) and kept
+    # for the whole run, for a sampler whose friction_units is "absolute". None (default): keep the
+    # file's alpha, the value it was meta-trained with (a file does not say how it was derived, and
+    # a "per_step" sampler's alpha already transfers across N and eta).
     alpha_per_step: float | None = None
     # The constant friction per step under the learned one (the sampler's `c`, as a per-step
     # friction a = eta c in absolute units): null keeps the file's value (what it was trained
     # with); a value replaces it, and a `momentum_decay_grid` tunes it with the step as the
     # momentum methods' friction is tuned, so that every momentum method has its friction
-    # level chosen on the validation split (issue #11).
+    # level chosen on the validation split.
     momentum_decay: float | None = None
     momentum_decay_grid: list[float] = field(default_factory=list)
     # The nets' momentum input clamped to [-m, m] and the curl's speed limit (the sampler's
     # `momentum_input_clamp` and `speed_limit`): null keeps the file's value; a value replaces
-    # it (a file trained without them, issue #11).
+    # it (a file trained without them).
     momentum_input_clamp: float | None = None
     speed_limit: float | None = None
     # The curl's stiffness preconditioner (the sampler's `precondition_power` gamma_P; 0 turns a
-    # file's off): null keeps the file's value. Needs gamma exact (docs/RESULTS.md, session 21).
+    # file's off): null keeps the file's value. Needs gamma exact (research/NOTEBOOK.md).
     precondition_power: float | None = None
     # The step after which each chain's gradient statistic V (the preconditioner's and the
     # stiffness input's) stops adapting, so that the sampler is time-homogeneous from then on
@@ -131,23 +131,23 @@ class NNSGHMCMethod(MethodGrid):
     grad_noise_estimate: bool = False
     # A cooling stage: the estimate off before this step of every run (tuning runs too) and
     # on from it, so hot chains feed the posterior average and cooled ones the final
-    # ensemble (docs/RESULTS.md, session 38); a run shorter than the step never estimates;
+    # ensemble (research/NOTEBOOK.md); a run shorter than the step never estimates;
     # null: `grad_noise_estimate` for the whole run.
     grad_noise_estimate_from: int | None = None
     # While the estimate is on: its diffusion B = eta Q_f^2 V / 2 joins the friction, D_f + B / T,
     # instead of being left out of the injected noise, so coordinates whose gradient noise
     # exceeds the learned friction are cooled rather than left hot (the sampler's
-    # `grad_noise_friction`; docs/RESULTS.md, session 53).
+    # `grad_noise_friction`; research/NOTEBOOK.md).
     grad_noise_friction: bool = False
     # A Nosé–Hoover thermostat per coordinate around the learned step (the sampler's
     # `thermostat`: mSGNHT's feedback on the momentum's temperature, which takes out the heat of
-    # the gradient noise without an estimate of it; needs gamma exact; docs/RESULTS.md,
-    # session 54); null keeps the file's (format version 9 stores it; older files: off).
+    # the gradient noise without an estimate of it; needs gamma exact;
+    # research/NOTEBOOK.md); null keeps the file's (format version 9 stores it; older files: off).
     thermostat: bool | None = None
     # The positions of the leapfrog splitting: the gradient is taken half a position step
     # ahead of the reported position, which is the midpoint of two gradient points (the
     # sampler's `leapfrog`): exact positions for a Gaussian at any stiffness, where the
-    # modified Euler step's positions run hot in stiff directions (docs/RESULTS.md, session 55);
+    # modified Euler step's positions run hot in stiff directions (research/NOTEBOOK.md);
     # null keeps the file's.
     leapfrog: bool | None = None
 
@@ -213,7 +213,7 @@ class SGNHTMethod(_Friction):
 class SGNHTEulerMethod(SGNHTMethod):
     """mSGNHT with the first-order Euler integrator (mSGNHT-E, Li et al. 2016's baseline). Off
     unless a config enables it: beside mSGNHT-S it separates what the thermostat gives from
-    what the splitting integrator gives (docs/RESULTS.md, session 53)."""
+    what the splitting integrator gives (research/NOTEBOOK.md)."""
 
     enabled: bool = False
 

@@ -1,4 +1,4 @@
-"""Metrics of predictions of ``K`` chains (004 §5.2).
+"""Metrics of predictions of ``K`` chains (Gong et al. 2019, §5.2).
 
 Every chain's network gives logits ``(K, B, C)``; the *ensemble* predictive is the average of
 the chains' probabilities, ``p(y | x) = 1/K sum_k softmax(f_k(x))_y`` (computed in log space,

@@ -1,6 +1,6 @@
-"""The result figures: learning curves (004 Fig. 3), predictive-entropy CDFs (000 Fig. 4) and
-the reliability diagram. Every method keeps one style in every figure. Matplotlib is imported
-when a figure is drawn (Agg backend)."""
+"""The result figures: learning curves (Gong et al. 2019, Fig. 3), predictive-entropy CDFs
+(Zhang et al. 2020, Fig. 4) and the reliability diagram. Every method keeps one style in every
+figure. Matplotlib is imported when a figure is drawn (Agg backend)."""
 
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ def _clip_to_samplers(ax, curves: list[tuple[bool, np.ndarray]]) -> None:
 
 
 def plot_learning_curves(result: BenchmarkResult, kind: str = "average"):
-    """Test error and NLL against epochs and sampling wall-clock (004 Fig. 3), mean over
-    seeds with a ±1 standard-error band; ``kind`` is ``"average"`` or ``"ensemble"``."""
+    """Test error and NLL against epochs and sampling wall-clock (Gong et al. 2019, Fig. 3), mean
+    over seeds with a ±1 standard-error band; ``kind`` is ``"average"`` or ``"ensemble"``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,7 +157,8 @@ def plot_learning_curves(result: BenchmarkResult, kind: str = "average"):
 
 def plot_entropy_cdf(result: BenchmarkResult):
     """Empirical CDF of the posterior-average predictive entropy on the test set and on the
-    out-of-distribution inputs (000 Fig. 4; on OOD inputs, lower curves are better)."""
+    out-of-distribution inputs (Zhang et al. 2020, Fig. 4; on OOD inputs, lower curves are
+    better)."""
     import matplotlib
 
     matplotlib.use("Agg")

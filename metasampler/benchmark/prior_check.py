@@ -7,7 +7,7 @@ schedule it was built with, on independent such coordinates (energy ``theta^2 / 
 data for the sampler's step conversions) from zero, so that the variance it samples there can
 be read against the right answer, 1: a check of the sampler that no test score can give. A
 cyclical schedule's temperature-0 exploration stages, for example, leave cSGHMC at about half
-of it (docs/RESULTS.md, session 34).
+of it (research/NOTEBOOK.md).
 
 The learned samplers' nets also see the chain's energy, which here is the Gaussian's, not a
 network's: for them this is an approximation of what they do in a network.

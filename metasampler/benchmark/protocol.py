@@ -1,4 +1,4 @@
-"""The transfer protocol of 004's MNIST code, for every method alike.
+"""The transfer protocol of Gong et al.'s MNIST code, for every method alike.
 
 :func:`apply_warmup` puts a warm-up phase in front of a sampler's schedule (the first steps at
 a fraction of the learning rate); for a loaded NNSGHMC with absolute friction units,
@@ -42,7 +42,8 @@ def apply_warmup(sampler: Sampler, steps: int, lr_factor: float, n_data: int) ->
 
 
 def set_alpha_from_warmup(sampler: Any, alpha_per_step: float | None, eta_warmup: float) -> str:
-    """The paper's test-time ``alpha`` (004 F.2): ``alpha = alpha_per_step / eta_warmup``.
+    """The paper's test-time ``alpha`` (Gong et al. 2019, appendix F.2):
+    ``alpha = alpha_per_step / eta_warmup``.
 
     Applies to a loaded NNSGHMC whose ``friction_units`` is ``"absolute"`` (every sampler file
     before format 2): its ``D_f = alpha Q_f^2 + ...`` is a friction per unit time, so the

@@ -369,7 +369,7 @@ def run_method(
         noise_estimate_from: a cooling stage: the sampler's ``grad_noise_estimate`` is off
             before this step (1-based) and on from it (NNSGHMC and SGHMC: the minibatch
             noise's share of the injected noise is left out, so the chains cool to the
-            posterior's temperature for the final ensemble; docs/RESULTS.md, session 38).
+            posterior's temperature for the final ensemble; research/NOTEBOOK.md).
             ``None``: the sampler's own setting for the whole run.
     """
     return MethodRunner(sampler, target, init, **kwargs).run()

@@ -10,7 +10,7 @@ that sample a colder distribution below it too, hotter ones above. Over all ``D`
 the prior's ``|theta|^2`` dominates it; :func:`coordinate_virials` averaged over a group of
 coordinates (a layer's weights, say) gives the group's own temperature, also 1 at the
 posterior, which shows where chains run hot or cold. Necessary conditions, not a proof that
-the chains sample the posterior (docs/RESULTS.md, session 35).
+the chains sample the posterior (research/NOTEBOOK.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The transfer-generalisation benchmark (004 §5.2, Table 1, Fig. 3): every enabled method is
-tuned on the validation split, then runs every seed with the chosen step (:func:`run_benchmark`;
-one method's tuning and seeds: :class:`MethodBenchmark`).
+"""The transfer-generalisation benchmark (Gong et al. 2019, §5.2, Table 1, Fig. 3): every enabled
+method is tuned on the validation split, then runs every seed with the chosen step
+(:func:`run_benchmark`; one method's tuning and seeds: :class:`MethodBenchmark`).
 """
 
 from __future__ import annotations

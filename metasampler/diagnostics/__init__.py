@@ -12,19 +12,20 @@ Which ESS to use:
 
 * :func:`ess` — the modern default (Geyer initial monotone sequence, chains combined through
   within/between variances as in Stan / Vehtari et al. 2021). *Total* ESS over all chains.
-* :func:`ess_beast` — the estimator behind the toy ESS of Gong et al. (ICLR 2019, seed 004,
+* :func:`ess_beast` — the estimator behind the toy ESS of Gong et al. (ICLR 2019,
   footnote 2: "Implementation follows the ESS function in the BEAST package"). Per chain, then
   **averaged** over chains. Use ``ess_beast_paper`` for the number that is comparable with the
   paper's "NNSGHMC 59 vs SGHMC 22" (see its docstring for what exactly the reference does).
 * :func:`ess_batch_means`, :func:`ess_spectral_variance` — ``ESS = n * lambda^2 / sigma^2`` with
   batch-means / Bartlett spectral-variance estimates of the asymptotic variance ``sigma^2``
-  (Flegal & Jones 2010; seed 002, §2.4, Table 1). Total ESS over all chains.
+  (Flegal & Jones 2010; Pal et al., §2.4, Table 1). Total ESS over all chains.
 * :func:`multivariate_ess` — Vats, Flegal & Jones (2019), determinant form, batch means.
 
-KL divergences: :func:`gaussian_kl` and :func:`cumulative_gaussian_kl` (seed 004 Fig. 2, toy
-Gaussian), both through :func:`gaussian_kl_from_moments`; :func:`histogram_kl` (seed 001 Fig. 1,
-1-D double well) through :func:`histogram_kl_from_counts`, which documents the one direction
-convention (``KL_DIRECTIONS``); :func:`mode_coverage` (seed 000 Table 4, 25-Gaussian mixture).
+KL divergences: :func:`gaussian_kl` and :func:`cumulative_gaussian_kl` (Gong et al. 2019, Fig. 2,
+toy Gaussian), both through :func:`gaussian_kl_from_moments`; :func:`histogram_kl` (Li et al. 2016,
+Fig. 1, 1-D double well) through :func:`histogram_kl_from_counts`, which documents the one direction
+convention (``KL_DIRECTIONS``); :func:`mode_coverage` (Zhang et al. 2020, Table 4,
+25-Gaussian mixture).
 
 Modules: ``ess`` (autocorrelation, Geyer and BEAST ESS), ``batch_means`` (batch-means and
 spectral variance, multivariate ESS), ``rhat``, ``divergences`` (Gaussian and histogram KL),

@@ -1,5 +1,5 @@
 """Batch-means and spectral-variance estimates of the asymptotic variance, the ESS built on
-them, and the multivariate ESS (seed 002; Flegal & Jones 2010; Vats, Flegal & Jones 2019).
+them, and the multivariate ESS (Pal et al.; Flegal & Jones 2010; Vats, Flegal & Jones 2019).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------
-# Batch means / spectral variance (seed 002; Flegal & Jones 2010; Vats & Knudson 2021)
+# Batch means / spectral variance (Pal et al.; Flegal & Jones 2010; Vats & Knudson 2021)
 # --------------------------------------------------------------------------------------------
 
 
@@ -54,7 +54,7 @@ def asymptotic_variance_batch_means(
 ) -> np.ndarray | float:
     """Batch-means estimate of the asymptotic variance ``sigma^2 = lim n Var(mean)``.
 
-    Seed 002 §2.4 / Flegal & Jones (2010): with batch size ``b`` and ``a = floor(S/b)``
+    Pal et al., §2.4 / Flegal & Jones (2010): with batch size ``b`` and ``a = floor(S/b)``
     batches of each chain, batch means ``Ybar_{k,j}`` and grand mean ``mu_hat``,
 
         ``sigma^2_bm = b / (aK - 1) * sum_{k=1}^{K} sum_{j=1}^{a} (Ybar_{k,j} - mu_hat)^2``.
@@ -62,7 +62,7 @@ def asymptotic_variance_batch_means(
     For one chain (``K = 1``) this is the paper's ``b/(a-1) sum_j (Ybar_j - mu_hat)^2``; for
     several chains it is the replicated batch-means estimator of Vats & Knudson (2021), whose
     single grand mean also picks up disagreement between chains. Default ``b = floor(sqrt(S))``
-    (seed 002; mcmcse's default). Only the first ``a*b`` samples of a chain are used.
+    (Pal et al.; mcmcse's default). Only the first ``a*b`` samples of a chain are used.
 
     Args:
         samples: ``(S, K, D)``, ``(S, D)`` or ``(S,)``.
@@ -84,13 +84,13 @@ def asymptotic_variance_batch_means(
 def asymptotic_variance_spectral(samples: Any, window: int | None = None) -> np.ndarray | float:
     """Spectral-variance (Bartlett lag window) estimate of the asymptotic variance.
 
-    Seed 002 §2.4 / Flegal & Jones (2010):
+    Pal et al., §2.4 / Flegal & Jones (2010):
 
         ``sigma^2_sv = sum_{|l| < b} w(l/b) R_hat(l)``,  ``w(u) = (1 - |u|) 1[|u| <= 1]``,
         ``R_hat(l) = (1/S) sum_{t=1}^{S-l} (x_t - mu_hat)(x_{t+l} - mu_hat)``,
 
     i.e. ``R_hat(0) + 2 sum_{l=1}^{b-1} (1 - l/b) R_hat(l)``, with truncation point ``b``
-    (``window``), default ``floor(sqrt(S))`` (seed 002 writes ``w(k/(b-1))``, which gives the
+    (``window``), default ``floor(sqrt(S))`` (Pal et al. write ``w(k/(b-1))``, which gives the
     last lag weight 0; the difference is one lag). With several chains ``R_hat`` is averaged
     over chains with the grand mean ``mu_hat`` of all chains (replicated spectral variance of
     Vats & Knudson 2021); with one chain it is the paper's estimator.
@@ -125,7 +125,7 @@ def _ess_from_sigma2(x: np.ndarray, sig2: np.ndarray) -> np.ndarray:
 def ess_batch_means(
     samples: Any, n_batches: int | None = None, *, batch_size: int | None = None
 ) -> np.ndarray | float:
-    """ESS from the batch-means asymptotic variance (seed 002 §2.4, Table 1).
+    """ESS from the batch-means asymptotic variance (Pal et al., §2.4, Table 1).
 
     ``ESS = n * lambda^2 / sigma^2_bm`` with ``n = S K`` samples in total, ``lambda^2`` the
     sample variance (``1/(n-1)``) of all samples pooled, and ``sigma^2_bm`` from
@@ -144,7 +144,7 @@ def ess_batch_means(
 
 
 def ess_spectral_variance(samples: Any, window: int | None = None) -> np.ndarray | float:
-    """ESS from the Bartlett spectral-variance asymptotic variance (seed 002 §2.4, Table 1).
+    """ESS from the Bartlett spectral-variance asymptotic variance (Pal et al., §2.4, Table 1).
 
     ``ESS = n * lambda^2 / sigma^2_sv`` with ``n = S K``, ``lambda^2`` the pooled sample
     variance and ``sigma^2_sv`` from :func:`asymptotic_variance_spectral` (default truncation
@@ -164,7 +164,7 @@ def batch_means_covariance(
     """Multivariate (replicated) batch-means estimate of the asymptotic covariance ``Sigma``.
 
     ``Sigma_bm = b / (aK - 1) sum_{k,j} (Ybar_{k,j} - mu_hat)(Ybar_{k,j} - mu_hat)^T``
-    (Vats, Flegal & Jones 2019 eq. 4 for ``K = 1``; Vats & Knudson 2021 for ``K > 1``),
+    (Vats, Flegal & Jones 2019, eq. 4 for ``K = 1``; Vats & Knudson 2021 for ``K > 1``),
     default batch size ``b = floor(sqrt(S))``.
 
     Returns:

@@ -1,5 +1,5 @@
-"""KL divergences between samples and a target: the KL of a Gaussian fit (seed 004 Fig. 2) and
-the histogram KL of a 1-D target (seed 001 Fig. 1).
+"""KL divergences between samples and a target: the KL of a Gaussian fit (Gong et al. 2019, Fig. 2)
+and the histogram KL of a 1-D target (Li et al. 2016, Fig. 1).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------
-# Gaussian KL (seed 004 Fig. 2)
+# Gaussian KL (Gong et al. 2019, Fig. 2)
 # --------------------------------------------------------------------------------------------
 
 
@@ -74,8 +74,8 @@ def gaussian_kl_from_moments(mean: Any, cov: Any, target_mean: Any, target_cov: 
                      + log det Sigma - log det C ]``
 
     with ``m, C = mean, cov`` and ``mu, Sigma = target_mean, target_cov`` (e.g. Ma et al.
-    2015's bias measure, seed 004 §5.1), evaluated in float64 with Cholesky factors (no explicit
-    inverses or determinants).
+    2015's bias measure, Gong et al. 2019, §5.1), evaluated in float64 with Cholesky factors (no
+    explicit inverses or determinants).
 
     Args:
         mean, cov: ``(D,)`` and ``(D, D)`` moments of the first Gaussian (e.g. a fit to samples).
@@ -135,8 +135,9 @@ def cumulative_gaussian_kl(
     """KL of the Gaussian fitted to *all samples so far*, at each step count in ``at``.
 
     Entry ``i`` is ``gaussian_kl(samples[:at[i]], mean, cov)``: the samples of the first
-    ``t = at[i]`` steps of every chain, pooled (``n_t = t K`` samples) — the curve of seed 004
-    Fig. 2 ("KL of all samples so far", public code: every 100 steps, ``burn_in=0``).
+    ``t = at[i]`` steps of every chain, pooled (``n_t = t K`` samples) — the curve of
+    Gong et al. 2019, Fig. 2 ("KL of all samples so far", public code: every 100 steps,
+    ``burn_in=0``).
 
     Computed in one pass with running sums of ``y = x - mu`` and ``y y^T`` (the shift by the
     target mean avoids cancellation), accumulated block by block between consecutive
@@ -181,7 +182,7 @@ def cumulative_gaussian_kl(
 
 
 # --------------------------------------------------------------------------------------------
-# Histogram KL (seed 001 Fig. 1)
+# Histogram KL (Li et al. 2016, Fig. 1)
 # --------------------------------------------------------------------------------------------
 
 
@@ -206,7 +207,7 @@ def histogram_kl_from_counts(
     The direction (the one convention of this package, also taken by :func:`histogram_kl`
     and ``tasks.double_well.DoubleWell.histogram_kl``):
 
-    * ``"true||hist"`` (default; seed 001 Fig. 1 plots "the KL divergences between the true
+    * ``"true||hist"`` (default; Li et al. 2016, Fig. 1 plots "the KL divergences between the true
       distributions and the estimated density"): ``KL(p || q~) = sum_i p_i log(p_i / q~_i)``
       with the smoothed ``q~_i = (q_i + eps) / (1 + M eps)``, so empty bins cost
       ``p_i log(p_i / eps)`` but never ``inf``;
@@ -285,7 +286,7 @@ def histogram_kl(
 
     Both are discretised on ``bins`` equal bins over ``range = (lo, hi)`` and compared by
     :func:`histogram_kl_from_counts`, which documents ``direction`` (default ``KL(true || hist)``,
-    seed 001 Fig. 1):
+    Li et al. 2016, Fig. 1):
 
     * true bin masses ``p_i``: ``target`` integrated over bin ``i`` with ``n_sub`` midpoints
       (callable) or taken at the bin centres (grid array), renormalised over the range;

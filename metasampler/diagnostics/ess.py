@@ -1,5 +1,5 @@
 """Autocorrelation and effective sample size: Geyer / Stan multi-chain ESS and the BEAST /
-Tracer ESS behind the toy ESS of seed 004.
+Tracer ESS behind the toy ESS of Gong et al. 2019.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def ess(samples: Any, *, split: bool = True, rank_normalize: bool = False) -> np
 
 
 # --------------------------------------------------------------------------------------------
-# ESS: BEAST / Tracer (the toy ESS of seed 004)
+# ESS: BEAST / Tracer (the toy ESS of Gong et al. 2019)
 # --------------------------------------------------------------------------------------------
 
 
@@ -191,7 +191,7 @@ def ess_beast(
 ) -> np.ndarray | float:
     """BEAST/Tracer-style ESS, computed per chain and then **averaged** over chains.
 
-    This is the ESS of seed 004 (Gong et al. 2019, §5.1 footnote 2, "follows the ESS function
+    This is the ESS of Gong et al. (2019, §5.1 footnote 2, "follows the ESS function
     in the BEAST package"). The public reference code (``Toy Example/Util.py``,
     ``effectiveSampleSize``, a Python port of BEAST's ``TraceCorrelation``) does, for each
     chain separately, with ``S`` samples:
@@ -239,7 +239,7 @@ def ess_beast(
 
 
 def ess_beast_paper(samples: Any) -> float:
-    """The toy ESS exactly as the public code of seed 004 computes it (one number).
+    """The toy ESS exactly as the public code of Gong et al. 2019 computes it (one number).
 
     ``mean over chains k of S / ACT_k``, where ``ACT_k`` is the Tracer autocorrelation time
     (see :func:`ess_beast`) of the **dimension-pooled** lagged covariance

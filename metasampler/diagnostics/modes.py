@@ -1,4 +1,4 @@
-"""Mode coverage of a multimodal target (seed 000 Table 4, 25-Gaussian mixture)."""
+"""Mode coverage of a multimodal target (Zhang et al. 2020, Table 4, 25-Gaussian mixture)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def mode_coverage(
     return_counts: bool = False,
 ) -> int | tuple[int, np.ndarray]:
     """Number of modes covered: a mode counts when ``>= min_count`` samples lie within
-    ``radius`` (Euclidean, ``||x - c|| <= radius``) of its centre (SPEC §5; seed 000 Table 4,
+    ``radius`` (Euclidean, ``||x - c|| <= radius``) of its centre (Zhang et al. 2020, Table 4,
     25-Gaussian mixture: radius 0.25, 100 samples). All chains are pooled. The one mode count:
     ``tasks.mixture.GaussianMixtureTask.mode_counts`` / ``modes_covered`` call it.
 

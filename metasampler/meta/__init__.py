@@ -1,4 +1,4 @@
-"""Meta-training building blocks for NNSGHMC (Gong et al. ICLR 2019, §3.3; SPEC §4).
+"""Meta-training building blocks for NNSGHMC (Gong et al. ICLR 2019, §3.3; docs/METHOD.md §4).
 
 * :mod:`.stein` — Stein gradient estimator of ``grad log q`` (Li & Turner 2018).
 * :mod:`.losses` — pathwise ELBO surrogates: cross-chain (eq. 10) and in-chain (eq. 11).

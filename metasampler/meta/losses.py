@@ -1,6 +1,6 @@
 """Meta-training losses: pathwise surrogates of the negative ELBO of a chain's marginal.
 
-Gong et al. (ICLR 2019, §3.3, appendix D; SPEC §4) train the sampler parameters ``phi`` by
+Gong et al. (ICLR 2019, §3.3, appendix D; docs/METHOD.md §4) train the sampler parameters ``phi`` by
 minimising the negative ELBO (``KL(q || pi)`` up to a constant) of the distribution ``q`` of
 the sampler's positions::
 

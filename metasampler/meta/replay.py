@@ -4,7 +4,7 @@ Inspired by experience replay: at the start of each meta-epoch every chain resta
 probability ``replay_prob`` (paper: 0.15), from a state drawn from a pool of earlier final
 states ``(theta, p)``, and otherwise from a fresh random initialisation. The pool is a FIFO
 queue of constant size, updated after each sub-epoch, so the sampler sees both burn-in from
-scratch and roughly converged behaviour (SPEC §4).
+scratch and roughly converged behaviour (docs/METHOD.md §4).
 
 The pool stores one row per chain (capacity counts chain states, not batches) as detached
 clones in a ring buffer; :meth:`ReplayPool.draw_initial` is vectorised over chains.

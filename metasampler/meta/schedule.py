@@ -2,12 +2,12 @@
 
 As in learned_optimization (``truncation_schedule`` apart from the unroll and the outer
 step), this module only *decides*; :mod:`.unroll` runs the chains and :mod:`.outer` applies
-the optimiser. The terms (SPEC §4):
+the optimiser. The terms (docs/METHOD.md §4):
 
 * **segment** — the ``steps_per_sub_epoch`` steps of one sub-epoch;
 * **window** — the graph is cut (state detached) every ``unroll`` steps inside a segment
   (truncated back-propagation through time);
-* **update point** — after every window (``accumulate=False``: the recipe before issue #11),
+* **update point** — after every window (``accumulate=False``, the default),
   or once at the end of the segment with the gradients of all its windows summed
   (``accumulate=True``, the paper's toy code);
 * **steps per update** — one optimiser step on ``w_cross * cross + w_in * in_chain``
@@ -80,7 +80,7 @@ class TruncationSchedule:
 
     @property
     def is_default(self) -> bool:
-        """The recipe before issue #11 (the only one the sharded path supports)."""
+        """The default recipe: an update after every window (the only one sharding supports)."""
         return not (
             self.accumulate or self.step_per_loss or self.continue_chains or self.pool_spans_segment
         )

@@ -1,6 +1,6 @@
 """Stein gradient estimator of the score ``grad log q`` at samples (Li & Turner, ICLR 2018).
 
-Used by meta-training (Gong et al. ICLR 2019, §3.3 and appendix C; SPEC §4) to estimate
+Used by meta-training (Gong et al. ICLR 2019, §3.3 and appendix C; docs/METHOD.md §4) to estimate
 ``G_k ≈ grad log q(x_k)`` for samples ``x_1..x_n`` of a distribution ``q`` known only
 through samples (the marginal of a Markov chain). With the RBF kernel
 ``k(x, y) = exp(-||x - y||^2 / (2 h))``, the ridge-regularised inversion of Stein's identity

@@ -1,4 +1,5 @@
-"""Meta-training of NNSGHMC by truncated back-propagation through time (004 §3.3, SPEC §4).
+"""Meta-training of NNSGHMC by truncated back-propagation through time (Gong et al. 2019,
+§3.3; docs/METHOD.md §4).
 
 Loop structure (the decisions come from :class:`.schedule.TruncationSchedule`)::
 

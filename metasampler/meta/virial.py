@@ -3,8 +3,8 @@
 Integrating by parts, ``E[theta_i dU/dtheta_i] = 1`` at the posterior ``exp(-U)``, for every
 coordinate ``i`` (the virial theorem; :mod:`metasampler.benchmark.temperature`). Averaged over
 a group ``g`` of coordinates (a layer of a network: its weights and bias) it is the group's
-temperature, read off the chains alone. Session 35 measured it per layer
-(docs/RESULTS.md): the shipped MNIST sampler's deeper layers warm slowly and then run hot at
+temperature, read off the chains alone. Measured per layer
+(research/NOTEBOOK.md), the shipped MNIST sampler's deeper layers warm slowly and then run hot at
 the tuned step, where mSGNHT-S's thermostat holds every layer at 1. This loss asks the
 sampler's nets for that directly. Over a window's cross-chain slices (``S`` times, ``K``
 chains each, attached to the graph of the nets)::
@@ -22,14 +22,14 @@ through both factors of the virial (the Hessian-vector product ``H theta`` by do
 and back through the unroll. Only slices ``burn_in`` steps or more after the chains' start
 count (``train.temperature_burn_in``): chains still converging are far from the posterior's
 temperature whatever the sampler, and on the toy the loss without a burn-in bought faster
-convergence with heat at equilibrium (docs/RESULTS.md, session 36). The sampler stays a valid
+convergence with heat at equilibrium (research/NOTEBOOK.md). The sampler stays a valid
 sampler whatever its nets learn (the complete recipe fixes the stationary law), so the loss can
 only change how fast each group reaches the posterior's temperature and how much the
 discretisation and the minibatch noise heat it there.
 A necessary condition of sampling the posterior, not a sufficient one: the ELBO losses stay
 the objective; this one is a term beside them (``train.temperature_weight``).
 
-Measured (docs/RESULTS.md, sessions 36-37), off by default for that reason: no reliable gain on
+Measured (research/NOTEBOOK.md), off by default for that reason: no reliable gain on
 the toy (five training seeds, KL@12k 0.026 with it, 0.021 without), and on MNIST the training
 chains do not reach the posterior's temperature within an epoch at the training step, so the
 counted slices measure how fast chains spread, not their heat at equilibrium.
@@ -102,7 +102,7 @@ class TemperatureLoss:
         burn_in: only slices at least this many steps after the chains' initialisation count
             (a chain still converging from its start is far from the posterior's temperature
             whatever the sampler; on the toy the loss without a burn-in rewarded converging
-            faster at the price of heat at equilibrium: docs/RESULTS.md, session 36).
+            faster at the price of heat at equilibrium: research/NOTEBOOK.md).
     """
 
     def __init__(self, target, generator: torch.Generator, burn_in: int = 0) -> None:

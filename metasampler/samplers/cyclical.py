@@ -1,6 +1,6 @@
 """cSGLD and cSGHMC — cyclical SG-MCMC (Zhang, Li, Zhang, Chen & Wilson, ICLR 2020).
 
-Not new samplers: SGLD / SGHMC driven by the cyclical cosine schedule of seed 000 eq. 1
+Not new samplers: SGLD / SGHMC driven by the cyclical cosine schedule of Zhang et al. 2020, eq. 1
 (:class:`~metasampler.schedules.CyclicalCosine`). With ``L = ceil(K_total / M)`` steps per
 cycle and ``r(k) = ((k - 1) mod L) / L``::
 

@@ -2,7 +2,7 @@
 AAAI 2016a).
 
 With the per-datum mean gradient ``g = grad Ũ / N`` (``N = target.n_data``), the update of
-SPEC §2 is::
+docs/METHOD.md §2 is::
 
     V     <- beta V + (1 - beta) g * g
     G     =  1 / (lam + sqrt(V))

@@ -47,7 +47,7 @@ class SGHMC(Sampler):
             dissipated where it exceeds ``C`` too (as a thermostat's friction rises with it),
             rather than leaving those coordinates hot. The step multiplies the momentum by
             ``1 - eta (C + B)``: where that friction per step nears 2 (a large ``V`` at a large
-            step) it overshoots and the chain diverges (docs/RESULTS.md, session 53).
+            step) it overshoots and the chain diverges (research/NOTEBOOK.md).
         temperature, schedule: as for every sampler.
         momentum_init: ``"normal"`` draws ``p ~ N(0, T I)`` (the stationary law), ``"zeros"``
             starts at rest.

@@ -4,7 +4,7 @@ SDE (overdamped Langevin at temperature ``T``)::
 
     d theta = -grad U(theta) dt + N(0, 2 T dt)
 
-Discretised by Euler–Maruyama with a stochastic gradient (SPEC §2)::
+Discretised by Euler–Maruyama with a stochastic gradient (docs/METHOD.md §2)::
 
     theta <- theta - eta grad Ũ(theta) + N(0, 2 eta T)
 

@@ -14,17 +14,17 @@ The thermostat absorbs unknown gradient noise: with gradient noise of variance `
 momentum receives extra diffusion ``B = eta sigma^2 / 2`` and ``xi`` settles near
 ``A + B / T``.
 
-Integrators (SPEC §2, written for ``T = 1`` there; see
+Integrators (docs/METHOD.md §2, written for ``T = 1`` there; see
 :func:`~metasampler.integrators.thermostat_euler_step` and
 :func:`~metasampler.integrators.thermostat_splitting_step`):
 
-* ``"euler"`` (seed 001 §2.2, first order)::
+* ``"euler"`` (Li et al. 2016, §2.2, first order)::
 
       theta <- theta + h p
       p     <- p - h grad Ũ(theta) - h xi p + N(0, 2 A h T)
       xi    <- xi + h (p * p - T)
 
-* ``"splitting"`` (seed 001 §3, symmetric A-B-O-B-A, second order)::
+* ``"splitting"`` (Li et al. 2016, §3, symmetric A-B-O-B-A, second order)::
 
       A: theta += p h/2, xi += (p * p - T) h/2;   B: p *= exp(-xi h/2)
       O: p += -h grad Ũ(theta) + N(0, 2 A h T);   B;   A
