@@ -1,7 +1,7 @@
 """Bayesian neural networks as targets: an ``nn.Module`` and a dataset become a minibatch energy.
 
 For ``N`` data points ``(x_n, y_n)``, a likelihood ``p(y | x, theta)`` given by the module's
-outputs and the prior ``p(theta) = N(0, prior_std^2 I)`` (SPEC §1)::
+outputs and the prior ``p(theta) = N(0, prior_std^2 I)`` (docs/METHOD.md §1)::
 
     U(theta) = -sum_n log p(y_n | x_n, theta) - log p(theta)
     Ũ(theta) = -(N / M) sum_m log p(y_m | x_m, theta) - log p(theta)     (minibatch of M)

@@ -55,7 +55,7 @@ _SOURCES = ("equations.py", "nets.py", "aot.py", "vector_division.py", "../integ
 # Example sizes for export: K != D and both > 1, so neither is specialised to a constant, and
 # as large as a real problem: inductor sizes the loop's threads from them. With 3 x 7 a step
 # for 2 threads compiled to a loop on one (10-unit floor step, 784-40-40-10 MLP, K = 20:
-# 6.9-8.0 ms per call against 3.9-4.4 ms with these sizes; BENCHMARKS.md session 30).
+# 6.9-8.0 ms per call against 3.9-4.4 ms with these sizes; research/BENCHMARKS_HISTORY.md).
 _EXAMPLE_K, _EXAMPLE_D = 20, 4099
 
 
@@ -281,7 +281,7 @@ def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], list[dict | None]]:
     return flat, dims
 
 
-# Inductor settings for the step's loop (#12; 784-40-40-10 MLP, K = 20, one thread, compiled
+# Inductor settings for the step's loop (784-40-40-10 MLP, K = 20, one thread, compiled
 # step alone). Multiply-adds contracted to FMAs (off by default, for bitwise agreement with
 # eager; the step's tests compare paths to float tolerance): 40-unit softsign nets 14.7 -> 12.2
 # ms exact, 11.9 -> 11.1 ms FD; shipped `mnist_mlp` 8.8 -> 7.2 / 10.7 -> 9.4 ms. An exact step
@@ -294,8 +294,8 @@ _CONTRACT = {"cpp.enable_floating_point_contract_flag": "fast"}
 _ONE_LOOP = {"max_fusion_size": 1 << 16}
 # Inductor's first build on a machine checks that the compiler can target the vector ISA the
 # CPU reports by compiling its vector headers once per candidate ISA (four builds, ~10 s of a
-# ~37 s package build on 2 cores, BENCHMARKS.md session 28). The CPU's flags already say which
-# ISA it has; a compiler that cannot target it fails the build, which is then retried with
+# ~37 s package build on 2 cores, research/BENCHMARKS_HISTORY.md). The CPU's flags already say
+# which ISA it has; a compiler that cannot target it fails the build, which is then retried with
 # the probes (:func:`main`). Loading a package asks for the ISA too (for a warning): with the
 # probes, the first load in a process with a fresh inductor cache stalled the sampling loop
 # ~15 s, so loading skips that question (:func:`_without_device_comparison`).
@@ -307,7 +307,7 @@ _NO_ISA_PROBES = {"cpp.vec_isa_ok": True}
 # waits for, so packages compile their headers each time.
 _NO_HEADER_PRECOMPILE = {"aot_inductor.precompile_headers": False}
 # The package's C++ wrapper (tensor bookkeeping around one kernel call per step) at -O0
-# compiles in 6.5 s rather than 9.1 s (g++ on the 10-unit floor sampler's wrapper, session 30).
+# compiles in 6.5 s rather than 9.1 s (g++ on the 10-unit floor sampler's wrapper).
 _FAST_WRAPPER_BUILD = {"aot_inductor.compile_wrapper_opt_level": "O0"}
 
 
