@@ -3,11 +3,11 @@
 # torchrun (gloo, CPU) and count the launches that fail; a failed launch keeps its logs (and a
 # core file, for gdb) under OUT/runI. docs/DISTRIBUTED.md ("A crash at exit") has the numbers.
 #
-#   bash scripts/torchrun_exit_check.sh [N=30] [OUT=/tmp/torchrun_exit_check]
+#   bash research/scripts/torchrun_exit_check.sh [N=30] [OUT=/tmp/torchrun_exit_check]
 set -u
 n_runs=${1:-30}
 out=${2:-/tmp/torchrun_exit_check}
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 python=${PYTHON:-$root/.venv/bin/python}
 mkdir -p "$out"
 ulimit -c unlimited
