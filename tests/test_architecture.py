@@ -1,9 +1,12 @@
-"""Static checks of the layout (issue #13): imports go one way and the library has no circles.
+"""Static checks of the layout: imports go one way and the library has no circles.
 
 * nothing in ``metasampler/`` imports the application: ``tasks``, ``experiments``,
   ``evaluate`` or ``train_meta``;
 * nothing in ``tasks/`` imports ``metasampler.benchmark``, ``experiments``, ``evaluate`` or
   ``train_meta``;
+* nothing in ``experiments/`` (the config schemas) imports the entry points ``evaluate`` or
+  ``train_meta``;
+* nothing outside ``research/`` (the lab notebook and its scripts) imports ``research``;
 * the ``metasampler`` modules import each other without a cycle (and so do those of ``tasks``
   and of ``experiments``).
 
@@ -16,6 +19,7 @@ fail on a violation.
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,7 +32,10 @@ APPLICATION = ("tasks", "experiments", "evaluate", "train_meta")
 FORBIDDEN = {
     "metasampler": APPLICATION,
     "tasks": ("metasampler.benchmark", "experiments", "evaluate", "train_meta"),
+    "experiments": ("evaluate", "train_meta"),
 }
+#: Directories of the checkout that hold no project source.
+NOT_SOURCE = {".git", ".venv", "build", "dist", "__pycache__", "research"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -95,6 +102,25 @@ def forbidden_imports(root: Path, top: str, forbidden: Iterable[str]) -> list[st
     ]
 
 
+def research_imports(root: Path) -> list[str]:
+    """``"file imports name"`` for every module outside ``research/`` (and outside hidden or
+    build directories) that imports ``research`` or one of its modules."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(
+            d for d in dirs
+            if d not in NOT_SOURCE and not d.startswith(".") and not d.endswith(".egg-info")
+        )  # fmt: skip
+        for file in sorted(f for f in files if f.endswith(".py")):
+            path = Path(folder) / file
+            if "research" not in path.read_text(encoding="utf-8"):
+                continue  # (no import of it; parsing every file is slow)
+            for name in sorted(imports(path, root)):
+                if name == "research" or name.startswith("research."):
+                    found.append(f"{path.relative_to(root).as_posix()} imports {name}")
+    return found
+
+
 def import_cycles(root: Path, top: str) -> list[list[str]]:
     """The import cycles among ``top``'s modules: one list of modules per strongly connected
     component with more than one module (or a module importing itself)."""
@@ -139,6 +165,10 @@ def import_cycles(root: Path, top: str) -> list[list[str]]:
 @pytest.mark.parametrize("top", sorted(FORBIDDEN))
 def test_imports_go_one_way(top):
     assert forbidden_imports(ROOT, top, FORBIDDEN[top]) == []
+
+
+def test_nothing_outside_research_imports_it():
+    assert research_imports(ROOT) == []
 
 
 @pytest.mark.parametrize("top", ["metasampler", "tasks", "experiments"])
@@ -199,3 +229,28 @@ def test_the_checker_finds_a_cycle(tmp_path, name, text, cycle):
 def test_the_checker_finds_a_forbidden_import(tmp_path, text):
     root = write_tree(tmp_path, {**CLEAN, "lib/b.py": text})
     assert forbidden_imports(root, "lib", ["app"]) != []
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("app/run.py", "import research.scripts.tool\n"),
+        ("speed/bench.py", "from research import notes\n"),
+        ("tests/test_x.py", "def f():\n    import research\n"),
+        ("entry.py", "from research.scripts import tool\n"),
+    ],
+)
+def test_the_checker_finds_an_import_of_research(tmp_path, name, text):
+    files = {**CLEAN, "research/__init__.py": "", "research/notes.py": "import lib\n"}
+    root = write_tree(tmp_path, files)
+    assert research_imports(root) == []  # research importing the library is fine
+    root = write_tree(tmp_path, {name: text})
+    found = research_imports(root)
+    assert found and all(line.startswith(f"{name} imports research") for line in found), found
+
+
+def test_the_checker_finds_experiments_importing_an_entry_point(tmp_path):
+    schema = {"experiments/__init__.py": "", "experiments/schema.py": "import evaluate\n"}
+    root = write_tree(tmp_path, {**CLEAN, **schema, "evaluate.py": ""})
+    found = forbidden_imports(root, "experiments", FORBIDDEN["experiments"])
+    assert found == ["experiments.schema imports evaluate"]
