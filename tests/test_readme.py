@@ -32,7 +32,7 @@ def _python_blocks(section: str) -> list[str]:
 def test_readme_own_model_path_runs_from_an_empty_directory(tmp_path):
     """The "own model" section as a user meets it: a fresh process in an empty directory where
     only the ``metasampler`` package is importable (no ``pretrained/``, ``tasks/`` or
-    ``reproduction/`` beside it), a shipped sampler loaded by name, predictions, a summary,
+    ``research/`` beside it), a shipped sampler loaded by name, predictions, a summary,
     an ArviZ InferenceData whose ESS agrees with the summary's, the short run that warns, and the
     step tuned on held-out data (an interior choice)."""
     pytest.importorskip("arviz")
