@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
-    parser.add_argument("--config", help="YAML config (default research/configs/reproduce/<exp>.yaml)")
+    parser.add_argument(
+        "--config", help="YAML config (default research/configs/reproduce/<exp>.yaml)"
+    )
     parser.add_argument("--out", default=str(ROOT / "docs" / "reproduction"))
     parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")

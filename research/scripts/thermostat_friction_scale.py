@@ -31,7 +31,9 @@ sys.path.insert(0, str(ROOT))
 from metasampler.cli import positive_float, positive_int  # noqa: E402
 
 GAUSSIAN_KINDS = ("gaussian", "paper_train_gaussian", "paper_test_gaussian", "random_gaussians")
-ROTATION_SEED = 7  # --rotated: the basis of research/scripts/toy_unseen_targets.py's train10_rotated
+ROTATION_SEED = (
+    7  # --rotated: the basis of research/scripts/toy_unseen_targets.py's train10_rotated
+)
 
 
 def training_run(path: Path):
