@@ -190,6 +190,12 @@ def load_structured(
             path = Path(path)
             if not path.is_file():
                 raise ConfigError(f"config file not found: {path}")
+            document = _document_kind(path)
+            if document is not None:
+                raise ConfigError(
+                    f"config file {path} must hold a mapping of keys to values (key: value "
+                    f"lines), not {document}"
+                )
             try:
                 loaded = OmegaConf.load(path)
             except OmegaConfBaseException:
@@ -217,6 +223,23 @@ def load_structured(
         validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _document_kind(path: Path) -> str | None:
+    """What the YAML file holds when that is not a mapping (e.g. ``"a str"``), else ``None``.
+
+    ``OmegaConf.load`` reads a file holding only a scalar, such as ``hello``, as the mapping
+    ``{hello: null}``, so the document itself is looked at."""
+    import yaml  # (OmegaConf's own dependency)
+
+    try:
+        document = yaml.safe_load(path.read_text())
+    except Exception:  # (OmegaConf's loader has parsed it: its reading stands)
+        return None
+    if document is None or isinstance(document, dict):
+        return None
+    kinds = {str: "a string", list: "a list", bool: "a boolean", int: "a number", float: "a number"}
+    return f"{kinds.get(type(document), 'a ' + type(document).__name__)} ({str(document)[:40]!r})"
 
 
 def _yaml_problem(err: Exception) -> str:

@@ -8,7 +8,7 @@ import hashlib
 import io
 import math
 import os
-import uuid
+import pickle
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .staging import owner_tag, remove_stale_files
 
 __all__ = [
     "CorruptFileError",
@@ -29,6 +31,7 @@ __all__ = [
 # A checksummed file: this prefix, the hex SHA-256 of the rest after the line, a newline, then
 # the ``torch.save`` bytes (``torch.load`` itself checks no tensor data: one flipped bit loads).
 _MAGIC = b"metasampler-checkpoint sha256 "
+_ZIP = b"PK\x03\x04"  # how a ``torch.save`` file (a zip archive) begins
 
 
 class CorruptFileError(ValueError):
@@ -36,9 +39,14 @@ class CorruptFileError(ValueError):
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary sibling of ``path``, fsync, then ``os.replace`` it."""
+    """Write ``data`` to a temporary sibling of ``path``, fsync, then ``os.replace`` it.
+
+    The temporary file is ``.<name>.<host>-<pid>-<8 hex>.tmp``. A process killed while
+    writing leaves it behind; the next write to ``path`` removes such files first, those
+    whose process has ended (:func:`metasampler.staging.remove_stale_files`)."""
     path = Path(path)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    remove_stale_files(path.parent, f".{path.name}.", ".tmp")
+    tmp = path.parent / f".{path.name}.{owner_tag()}.tmp"
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)
@@ -72,24 +80,52 @@ def load_checksummed(
     checkpoint written before it existed) loads with a warning that it cannot be checked.
 
     Raises:
-        CorruptFileError: the file is unreadable, or its bytes differ from those written.
+        FileNotFoundError: there is no file at ``path``.
+        CorruptFileError: the file cannot be read, is empty, is not such a file, or its bytes
+            differ from those written; the message names the file and says which.
     """
-    data = Path(path).read_bytes()
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise CorruptFileError(f"{path} cannot be read: {err.strerror or err}") from None
+    if not data:
+        raise CorruptFileError(f"{path} is empty (0 bytes)")
     if data.startswith(_MAGIC):
         header, _, body = data.partition(b"\n")
         if hashlib.sha256(body).hexdigest().encode() != header[len(_MAGIC) :]:
             raise CorruptFileError(f"{path} does not match its SHA-256 (altered or truncated)")
-    else:
+    elif data.startswith(_ZIP):
         body = data
         warnings.warn(
             f"{path} has no checksum line (written before metasampler checked its files): "
             "loaded unchecked",
             stacklevel=2,
         )
+    else:
+        raise CorruptFileError(
+            f"{path} is not a checkpoint: it begins with neither metasampler's checksum line "
+            "nor a torch.save archive"
+        )
     try:
         return torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        # (torch's own message suggests weights_only=False: never for a file that may be
+        # altered, since unpickling arbitrary objects runs code)
+        raise CorruptFileError(
+            f"{path} holds objects other than tensors, containers and plain values, which "
+            "metasampler never writes; not loaded"
+        ) from None
     except Exception as err:  # truncated / not such a file
-        raise CorruptFileError(f"{path} is not readable: {err}") from err
+        raise CorruptFileError(f"{path} is not readable: {_reason(err)}") from None
+
+
+def _reason(err: Exception) -> str:
+    """The first line of ``err``'s message with its type, never empty."""
+    lines = str(err).strip().splitlines()
+    first = lines[0][:200] if lines else "the data ends early"
+    return f"{type(err).__name__}: {first}"
 
 
 def jsonable(value: Any, *, as_text: bool = False) -> Any:

@@ -51,7 +51,7 @@ from ..samplers.base import SamplerState
 from ..sampling import make_generator
 from ..targets import NonFiniteError
 from .averaging import NetAverage
-from .checkpoint import CheckpointMixin, History, save_checkpoint
+from .checkpoint import CheckpointMixin, History, remove_interrupted_writes, save_checkpoint
 from .divergence import NonFiniteLoss, TrainingDivergedError, abort_on_peer_failure, diverged
 from .heldout import HeldOutPredictive
 from .losses import InChainCollector
@@ -153,8 +153,11 @@ class MetaTrainer(CheckpointMixin):
 
     # -- training ---------------------------------------------------------------------------
     def train(self) -> History:
-        """Run the remaining epochs; returns the history."""
+        """Run the remaining epochs; returns the history. Temporary files that killed
+        checkpoint writes left in the run directory are removed first."""
         s = self.settings
+        if self.checkpoint_path is not None and distributed.is_main_process():
+            remove_interrupted_writes(self.checkpoint_path)
         total = (s.epochs - self.epoch) * s.sub_epochs * len(self.schedule.windows())
         show = self.progress and distributed.is_main_process()
         bar = tqdm(total=total, desc="meta-train", disable=not show)
