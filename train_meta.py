@@ -29,6 +29,7 @@ from metasampler import distributed
 from metasampler.benchmark import gaussian_benchmark
 from metasampler.config import ConfigError
 from metasampler.learned import NNSGHMC
+from metasampler.learned.ablation import net_means
 from metasampler.learned.fast import training_compile_pays
 from metasampler.logs import RunLogger, plot_sampler_nets
 from metasampler.meta.build import build_sampler, settings_from_config, with_step
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.close()
     elapsed = time.time() - start
     if main_process:
-        _save(trainer.final_sampler(), cfg, run_dir, history, elapsed)
+        trained = trainer.final_sampler()
+        _save(trained, cfg, run_dir, history, elapsed, _net_means(trained, problems, cfg, device))
     return 0
 
 
@@ -221,8 +223,25 @@ def _resume(
     return True
 
 
+def _net_means(
+    sampler: NNSGHMC, problems: ProblemFamily, cfg: DictConfig, device: torch.device
+) -> dict[str, float]:
+    """The nets' mean outputs over one segment of chains on the first training problem, for
+    the constant-net ablation (:mod:`metasampler.learned.ablation`)."""
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    problem = problems(0, generator)
+    init = problem.init(cfg.train.n_chains, generator)
+    means = net_means(sampler, problem.target, init, cfg.train.steps_per_sub_epoch, seed=cfg.seed)
+    return {name: float(f"{value:.6g}") for name, value in means.items()}
+
+
 def _save(
-    sampler: NNSGHMC, cfg: DictConfig, run_dir: Path, history: History, elapsed: float
+    sampler: NNSGHMC,
+    cfg: DictConfig,
+    run_dir: Path,
+    history: History,
+    elapsed: float,
+    means: dict[str, float],
 ) -> None:
     """Write the trained sampler with its provenance and print the closing lines."""
     out = run_dir / "sampler.safetensors"
@@ -233,6 +252,7 @@ def _save(
             "seed": cfg.seed,
             # all epochs, including those before a --resume
             "train_seconds": round(history.seconds, 1),
+            "net_means": means,
         },
     )
     print(f"trained {cfg.train.epochs} epochs in {elapsed:.0f} s; sampler saved to {out}")

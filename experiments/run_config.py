@@ -137,8 +137,7 @@ _NON_NEGATIVE = [
     "train.average_last",
     "task.grad_noise_std",
     "sampler.alpha",
-    "sampler.c",
-    "sampler.d_output_scale",
+    "sampler.friction_scale",
     "sampler.calibrate_steps",
     "threads",
 ]
@@ -147,8 +146,6 @@ _POSITIVE = [
     "train.optimizer_lr",
     "train.stein_bandwidth_factor",
     "train.stein_ridge",
-    "sampler.q_clamp",
-    "sampler.energy_input_scale",
     "sampler.grad_input_scale",
     "task.prior_std",
 ]
@@ -231,9 +228,6 @@ def _validate(cfg: DictConfig) -> None:
         for key, value in ((f"{section}.eta", eta), (f"{section}.lr", lr)):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{key} must be a finite number > 0, got {value!r}")
-    d_clamp = get("sampler.d_clamp")
-    if d_clamp is not None and not (d_clamp > 0 and math.isfinite(d_clamp)):
-        raise ConfigError(f"sampler.d_clamp must be a finite number > 0 or null, got {d_clamp!r}")
     if cfg.task.init_high <= cfg.task.init_low:
         raise ConfigError("task.init_high must be > task.init_low")
     for key in ("sampler.q_hidden", "sampler.d_hidden", "task.hidden"):
@@ -247,9 +241,8 @@ def _validate(cfg: DictConfig) -> None:
         _check_spectrum(section, get(f"{section}.eig_range"), get(f"{section}.eig_spacing"))
     gamma = getattr(cfg.sampler.gamma, "value", cfg.sampler.gamma)
     sampler = cfg.sampler
-    conflict = gamma_conflict(
-        sampler.precondition_power, sampler.thermostat, gamma, sampler.q_stiffness_input
-    )
+    curl_input = getattr(sampler.curl_input, "value", sampler.curl_input)
+    conflict = gamma_conflict(gamma, curl_input, sampler.thermostat)
     if conflict:
         raise ConfigError(f"sampler: {conflict}")
     try:

@@ -12,7 +12,7 @@ Quick start::
 from . import benchmark, diagnostics, distributed, meta, samplers, schedules
 from ._version import __version__ as __version__
 from .bayesian import BayesianModel, Predictive, assign_params, flatten_params, unflatten_params
-from .export import SamplerFileError, SamplerFileWarning, load_sampler, pretrained_samplers
+from .export import SamplerFileError, load_sampler, pretrained_samplers
 from .learned import NNSGHMC
 from .posterior import ConvergenceWarning, Summary, summary
 from .sampling import SampleResult, sample
@@ -28,7 +28,6 @@ __all__ = [
     "pretrained_samplers",
     "summary",
     "SamplerFileError",
-    "SamplerFileWarning",
     "benchmark",
     "diagnostics",
     "distributed",

@@ -19,23 +19,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .nnsghmc_args import (
-    Activation,
-    DOutput,
-    FrictionUnits,
-    GammaMode,
-    GradInput,
-    config_fields,
-)
+from .nnsghmc_args import Activation, CurlInput, GammaMode, config_fields
 
 __all__ = [
     "ConfigError",
     "Activation",
-    "DOutput",
+    "CurlInput",
     "GammaMode",
     "PoolSpan",
-    "GradInput",
-    "FrictionUnits",
     "SamplerConfig",
     "TrainConfig",
     "check_device",
@@ -60,7 +51,7 @@ class PoolSpan(str, Enum):
 
 
 #: NNSGHMC architecture and constants (:class:`metasampler.nnsghmc_args.NNSGHMCArgs`, one
-#: field per argument it marks ``config``), with the step and ``calibrate_steps``.
+#: field per argument), with the step and ``calibrate_steps``.
 SamplerConfig = make_dataclass(
     "SamplerConfig",
     [
@@ -70,18 +61,6 @@ SamplerConfig = make_dataclass(
         *config_fields(),
         # >0: measure input statistics with the untrained sampler
         ("calibrate_steps", int, field(default=0)),
-        # known variance of the gradient noise (e.g. task.grad_noise_std ** 2 on the toy):
-        # the injected noise leaves out the part the noisy gradient already brings
-        # (NNSGHMC(grad_noise_var=...)); not stored in the exported sampler
-        ("grad_noise_var", float, field(default=0.0)),
-        # estimate that variance per chain and coordinate instead, from the two halves the
-        # target draws each gradient's noise from (NNSGHMC(grad_noise_estimate=True)); not
-        # stored in the exported sampler
-        ("grad_noise_estimate", bool, field(default=False)),
-        # with a variance known or estimated: dissipate the gradient noise's diffusion as
-        # friction instead (NNSGHMC(grad_noise_friction=True)); not stored in the exported
-        # sampler
-        ("grad_noise_friction", bool, field(default=False)),
     ],
     namespace={"__doc__": "NNSGHMC architecture and constants (see :class:`NNSGHMCArgs`)."},
 )

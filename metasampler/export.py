@@ -5,48 +5,37 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
 
 * **Tensors**: the module's ``state_dict`` — the weights of ``f_q`` / ``f_d`` (e.g.
   ``f_q.layers.0.weight``, ``f_q.head.bias``) and the buffers ``energy_loc``, ``energy_std``,
-  ``momentum_std``, ``grad_std`` (input statistics, float64) and ``train_dim`` (int64).
-  Every floating tensor is finite.
+  ``momentum_std`` (input statistics, float64) and ``train_dim`` (int64). Every floating
+  tensor is finite.
 * **Metadata**: one key, ``"metasampler"``, holding a JSON header::
 
     {
       "format": "metasampler.nnsghmc",
-      "format_version": 3,
-      "architecture": {"q_hidden": [40], "d_hidden": [40], "activation": "tanh",
-                       "d_output": "softplus", "dtype": "float32"},
-      "constants": {"beta_off": 0.0, "alpha": 0.0, "c": 0.0, "q_clamp": 5.0,
-                    "d_output_scale": 1.0, "energy_input_scale": 1.0,
-                    "grad_input_scale": 1.0, "gamma": "exact",
-                    "momentum_init": "normal", "detach_inputs": true,
-                    "d_clamp": null, "grad_input": "standardised",
-                    "friction_units": "absolute", "energy_input": "per_datum"},
-      "training": {"eta": 0.01, "lr": null, "temperature": 1.0},
-      "statistics": {"energy_loc": 0.0, "energy_std": 1.0, "momentum_std": 1.3,
-                     "grad_std": 2.1},
-      "train_dim": 10,
+      "format_version": 10,
+      "architecture": {"q_hidden": [10], "d_hidden": [10], "activation": "softsign",
+                       "curl_input": "stiffness", "dtype": "float32"},
+      "constants": {"gamma": "exact", "alpha": 0.0, "friction_scale": 0.017,
+                    "grad_input_scale": 70.0, "thermostat": true},
+      "training": {"eta": null, "lr": 0.007, "temperature": 1.0},
+      "statistics": {"energy_loc": 0.3, "energy_std": 0.1, "momentum_std": 1.3},
+      "train_dim": 15910,
       "checksum": {"algorithm": "sha256-header+tensors", "value": "<64 hex digits>"},
       "provenance": {"commit": "<git HEAD or 'unknown'>", "created": "<ISO 8601 UTC>",
-                     "torch": "2.13.0", "metasampler": "0.1.0", "...": "user-supplied"}
+                     "torch": "2.13.0", "metasampler": "0.2.0", "config": {...},
+                     "seed": 0, "...": "user-supplied"}
     }
 
-  The architecture and constants are the :class:`NNSGHMC` constructor arguments (SPEC §3,
-  described once by :class:`~metasampler.nnsghmc_args.NNSGHMCArgs`, in that order), so the
-  file alone rebuilds the sampler. ``statistics`` and ``train_dim`` repeat the buffers
-  for inspection (the tensors are authoritative; a disagreement is an error). ``training``
-  records the step the sampler was meta-trained with: :func:`load_sampler` uses it unless
-  ``eta`` or ``lr`` is given. Version 1 files (written before ``d_clamp``, ``grad_input``
-  and ``friction_units`` existed) still load, with those constants at their defaults
-  (``null``, ``"standardised"``, ``"absolute"``: the behaviour they were trained with), and
-  version 1 and 2 files (written before ``energy_input``) with ``"per_datum"``; in general a
-  constant a file's version predates takes its default (each argument's ``since``). Version 9
-  added ``thermostat`` and ``leapfrog``, so a file also says how it is meant to be run; older
-  files run without both, as they were evaluated.
-  ``checksum`` (``"sha256-header+tensors"``) is a SHA-256 over the canonical JSON of the
-  rest of the header and every tensor's name, dtype, shape and bytes, so any change to the
-  file is detected. Version 1 files (and version 2 files written before this checksum) carry
-  ``"sha256"`` over the tensors only: they load with a :class:`SamplerFileWarning`, their
-  header checked only by the schema and against the tensors (``metasampler/sampler_file.py``
-  defines both checksums and every check).
+  The architecture and constants are the :class:`NNSGHMC` constructor arguments
+  (``docs/METHOD.md`` §3, described once by :class:`~metasampler.nnsghmc_args.NNSGHMCArgs`,
+  in that order), so the file alone rebuilds the sampler. ``statistics`` and ``train_dim``
+  repeat the buffers for inspection (the tensors are authoritative; a disagreement is an
+  error). ``training`` records the step the sampler was meta-trained with:
+  :func:`load_sampler` uses it unless ``eta`` or ``lr`` is given. ``checksum`` is a SHA-256
+  over the canonical JSON of the rest of the header and every tensor's name, dtype, shape and
+  bytes, so any change to the file is detected (``metasampler/sampler_file.py`` defines it
+  and every check). Files of earlier format versions hold samplers of an earlier design and
+  are refused with a :class:`SamplerFileError` that says how to replace them
+  (``docs/sampler_files.md``).
 
 :func:`save_sampler` (:mod:`metasampler.sampler_write`) writes through a temporary file in the
 target directory and ``os.replace``, so an interrupted save leaves either the old file or
@@ -62,7 +51,6 @@ import dataclasses
 import json
 import math
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +64,6 @@ from .nnsghmc_args import GAMMA_MODES, NNSGHMCArgs
 from .sampler_file import (
     SamplerFile,
     SamplerFileError,
-    SamplerFileWarning,
     read_raw_header,
     read_sampler_file,
 )
@@ -99,15 +86,13 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_KEY",
     "SamplerFileError",
-    "SamplerFileWarning",
     "load_sampler",
     "pretrained_samplers",
     "read_header",
     "save_sampler",
-    "upgrade_sampler_file",
 ]
 
-_POSITIVE_STATISTICS = ("energy_std", "momentum_std", "grad_std")
+_POSITIVE_STATISTICS = ("energy_std", "momentum_std")
 
 PathLike = str | os.PathLike
 
@@ -210,17 +195,16 @@ def load_sampler(
     """Load a sampler written by :func:`save_sampler`, validated and frozen for evaluation.
 
     The whole file is checked before anything is built (``metasampler/sampler_file.py``):
-    layout and sizes, the strict header schema of its format version, and its checksum —
-    over header and tensors for format version 2; over the tensors only for version 1, which
-    therefore loads with a :class:`SamplerFileWarning` (re-save it to upgrade).
+    layout and sizes, the strict header schema of its format version, and its checksum over
+    header and tensors.
 
     Args:
         path: the ``.safetensors`` file, or the name of a shipped sampler (e.g.
-            ``"mnist_mlp"``; :func:`pretrained_samplers` lists them).
+            ``"feedforward"``; :func:`pretrained_samplers` lists them).
         eta, lr: evaluation step (at most one); default: the step stored from training.
         gamma: override the stored ``gamma`` mode (e.g. ``"finite_difference"``); a
-            ``ValueError`` where the file's options need the other (a stored thermostat,
-            stiffness input or preconditioner needs ``"exact"``).
+            ``ValueError`` where the file's design needs the other (a thermostat or a curl fed
+            the stiffness needs ``"exact"``).
         device: where the nets and buffers go.
         dtype: floating dtype of the nets' weights (default: as stored); the input statistics
             stay float64.
@@ -249,15 +233,6 @@ def load_sampler(
     path = _sampler_file(path)
     file = read_sampler_file(path, READABLE_VERSIONS, FORMAT_VERSION)
     header = file.header
-    if not file.full_integrity:
-        warnings.warn(
-            SamplerFileWarning(
-                f"{path} (format version {header['format_version']}) has a checksum over its "
-                "tensors only: its header values could not be verified. Re-save the loaded "
-                "sampler with save_sampler to add a checksum over the whole file."
-            ),
-            stacklevel=2,
-        )
     training = header["training"]
     if eta is None and lr is None:
         eta, lr = training["eta"], training["lr"]
@@ -321,34 +296,6 @@ def _build(path: Path, header: dict, gamma: str | None, **sampler_args: Any) -> 
     sampler.f_q.to(dtype=net_dtype)
     sampler.f_d.to(dtype=net_dtype)
     return sampler
-
-
-def upgrade_sampler_file(src: PathLike, dst: PathLike | None = None) -> Path:
-    """Re-save a sampler file in format version ``FORMAT_VERSION`` (checksum over header and
-    tensors), keeping its weights, constants, training step and provenance.
-
-    For version-1 files (e.g. older ``pretrained/*.safetensors``): the tensors are verified
-    by their checksum, the header only by the schema (see :func:`load_sampler`), so upgrade
-    files whose origin you trust. ``dst`` defaults to ``src`` (replaced atomically).
-
-    Raises:
-        FileNotFoundError, SamplerFileError: as :func:`load_sampler`.
-    """
-    src = Path(src)
-    header = read_sampler_file(src, READABLE_VERSIONS, FORMAT_VERSION).header
-    training = header["training"]
-    stored_step = training["eta"] is not None or training["lr"] is not None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SamplerFileWarning)
-        sampler = load_sampler(
-            src, eta=None if stored_step else 1.0, temperature=training["temperature"]
-        )
-    if not stored_step:  # keep "no stored step" (the placeholder only let it load)
-        sampler.eta = None
-    provenance = {**header["provenance"], "upgraded_from_format_version": header["format_version"]}
-    out = Path(dst) if dst is not None else src
-    save_sampler(sampler, out, provenance=provenance)
-    return out
 
 
 def _read_tensors(

@@ -57,11 +57,14 @@ class RunLogger:
 
 
 @torch.no_grad()
-def plot_sampler_nets(sampler, energy_range=(0.0, 20.0), momentum_range=(-3.0, 3.0), n=80):
-    """Contours of the learned ``Q_f(U, p)`` and ``D_f(U, p, grad=0)`` (Gong et al. 2019, Fig. 4).
+def plot_sampler_nets(
+    sampler, energy_range=(0.0, 20.0), momentum_range=(-3.0, 3.0), stiffness_range=(-8.0, 0.0), n=80
+):
+    """Contours of the learned ``Q_f`` and ``D_f(U, p, grad=0)`` (Gong et al. 2019, Fig. 4):
+    ``Q_f`` over the energy and its second input (the stiffness ``s`` or the momentum ``p``).
 
-    The axes are the raw per-datum energy and momentum (the sampler's input statistics are
-    applied as in sampling).
+    The axes are the raw energy input (per datum, or per coordinate for an energy without
+    data), momentum and stiffness (the sampler's input statistics are applied as in sampling).
     """
     import matplotlib
 
@@ -72,22 +75,29 @@ def plot_sampler_nets(sampler, energy_range=(0.0, 20.0), momentum_range=(-3.0, 3
     device = sampler.f_q.head.weight.device
     energy = torch.linspace(*energy_range, n, dtype=dtype, device=device)
     momentum = torch.linspace(*momentum_range, n, dtype=dtype, device=device)
-    scale = sampler.energy_input_scale / float(sampler.energy_std)
-    u = ((energy - float(sampler.energy_loc)) * scale).unsqueeze(-1)  # (n, 1): rows = U
+    u = ((energy - float(sampler.energy_loc)) / float(sampler.energy_std)).unsqueeze(-1)
     p_hat = (momentum / float(sampler.momentum_std)).expand(n, n)  # columns = p
-    q, d = sampler.coefficients(u, p_hat, torch.zeros_like(p_hat))
+    stiffness, curl_axis, curl_name = None, momentum, "momentum p"
+    if sampler.uses_stiffness:
+        s = torch.linspace(*stiffness_range, n, dtype=dtype, device=device)
+        stiffness, curl_axis, curl_name = s.expand(n, n), s, "stiffness s"
+    q, d = sampler.coefficients(u, p_hat, torch.zeros_like(p_hat), stiffness=stiffness)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for ax, values, title in ((axes[0], q, "Q_f(U, p)"), (axes[1], d, "D_f(U, p, grad U = 0)")):
+    panels = (
+        (axes[0], curl_axis, q, f"Q_f(U, {curl_name[-1]})", curl_name),
+        (axes[1], momentum, d, "D_f(U, p, grad U = 0)", "momentum p"),
+    )
+    for ax, x, values, title, xlabel in panels:
         mesh = ax.contourf(
-            momentum.cpu().numpy(),
+            x.cpu().numpy(),
             energy.cpu().numpy(),
             values.float().cpu().numpy(),
             levels=20,
             cmap="viridis",
         )
         fig.colorbar(mesh, ax=ax)
-        ax.set_xlabel("momentum p")
-        ax.set_ylabel("energy U (per datum)")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("energy input U")
         ax.set_title(title)
     fig.tight_layout()
     return fig

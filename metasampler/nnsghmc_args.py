@@ -1,19 +1,21 @@
 """NNSGHMC's arguments, described once: name, type, default, meaning and valid values.
 
-:class:`NNSGHMCArgs` lists the keyword arguments that describe an NNSGHMC sampler — its
-architecture (the nets) and its constants. Everything else reads this one description:
+:class:`NNSGHMCArgs` lists the keyword arguments that describe an NNSGHMC sampler: its
+architecture (the nets and what the curl sees) and its constants. Everything else reads this
+one description:
 
 * the :class:`~metasampler.learned.NNSGHMC` constructor takes them as keywords (validated
   and documented from here);
 * the config schema ``SamplerConfig`` (:mod:`metasampler.config`) has one field per argument
-  marked ``config`` (with the step and ``calibrate_steps`` added);
+  (with the step and ``calibrate_steps`` added);
 * ``metasampler.meta.build.build_sampler`` builds a sampler from that config;
 * a sampler file's header (:mod:`metasampler.sampler_write` writes it, :mod:`metasampler.export`
   rebuilds the sampler from it) holds the ``architecture`` and ``constants`` sections, in
-  this order, and :mod:`metasampler.sampler_file` checks them with the same valid values
-  (``since``: the format version that added the argument; older files take the default).
+  this order, and :mod:`metasampler.sampler_file` checks them with the same valid values.
 
-This module imports nothing of the package, so each of those can import it.
+The equations these arguments enter are in ``docs/METHOD.md`` §3 and
+:mod:`metasampler.learned.equations`. This module imports nothing of the package, so each of
+those can import it.
 """
 
 from __future__ import annotations
@@ -28,25 +30,19 @@ from functools import partial
 from typing import Any
 
 __all__ = [
-    "gamma_conflict",
-    "is_step",
-    "Activation",
     "ARCHITECTURE",
     "CONSTANTS",
-    "DOutput",
-    "QOutput",
-    "FRICTION_UNITS",
-    "FrictionUnits",
     "GAMMA_MODES",
-    "GRAD_INPUTS",
+    "CURL_INPUTS",
+    "Activation",
+    "CurlInput",
     "GammaMode",
-    "GradInput",
-    "EnergyInput",
-    "MomentumInit",
     "NNSGHMCArgs",
     "arg_fields",
     "config_fields",
     "describe_args",
+    "gamma_conflict",
+    "is_step",
 ]
 
 
@@ -64,17 +60,12 @@ GammaMode = _choices(
     "finite_difference",
     "none",
 )
-GradInput = _choices(
-    "GradInput",
-    "Gradient input of ``f_phiD``: ``s_g * grad / sigma_g`` or the paper's ``s_g * grad / N``.",
-    "standardised",
-    "per_datum",
-)
-FrictionUnits = _choices(
-    "FrictionUnits",
-    "``D_f`` as written (absolute) or divided by the step in use (per-step friction).",
-    "absolute",
-    "per_step",
+CurlInput = _choices(
+    "CurlInput",
+    "What ``f_phiQ`` sees besides the energy: each coordinate's ``stiffness`` or its "
+    "``momentum`` (Gong et al. 2019).",
+    "stiffness",
+    "momentum",
 )
 Activation = _choices(
     "Activation",
@@ -86,270 +77,91 @@ Activation = _choices(
     "softsign",
     "quadsat",
 )
-DOutput = _choices(
-    "DOutput", "Output transform of ``f_phiD`` (both keep it >= 0).", "softplus", "abs"
-)
-QOutput = _choices(
-    "QOutput",
-    "Output transform of ``f_phiQ``: ``identity`` (either sign) or ``softplus`` (``Q_f >= 0``).",
-    "identity",
-    "softplus",
-)
-EnergyInput = _choices(
-    "EnergyInput",
-    "Energy input of the nets: per datum ``U / N`` or per datum and coordinate ``U / (N D)``.",
-    "per_datum",
-    "per_coordinate",
-)
-MomentumInit = _choices(
-    "MomentumInit", "Initial momentum: ``N(0, T I)`` or zeros.", "normal", "zeros"
-)
 
 GAMMA_MODES = tuple(m.value for m in GammaMode)
-GRAD_INPUTS = tuple(m.value for m in GradInput)
-FRICTION_UNITS = tuple(m.value for m in FrictionUnits)
+CURL_INPUTS = tuple(m.value for m in CurlInput)
 
 #: Header sections: ``architecture`` (the nets) and ``constants``.
 ARCHITECTURE = "architecture"
 CONSTANTS = "constants"
 
 
-def _arg(
-    default: Any,
-    doc: str,
-    *,
-    check: str | type[Enum],
-    section: str = CONSTANTS,
-    since: int = 1,
-    config: bool = True,
-) -> Any:
-    """One argument: ``check`` names its valid values (``"widths"``, ``"finite"``,
-    ``"non_negative"``, ``"positive"``, ``"positive_or_none"``, ``"step_or_none"``: a whole
-    number of steps, ``"bool"``, ``"fraction"``: ``[0, 1)``) or is the :class:`Enum` of its
-    choices."""
-    metadata = {"doc": doc, "check": check, "section": section, "since": since, "config": config}
-    return field(default=default, metadata=metadata)
+def _arg(default: Any, doc: str, *, check: str | type[Enum], section: str = CONSTANTS) -> Any:
+    """One argument: ``check`` names its valid values (``"widths"``, ``"non_negative"``,
+    ``"positive"``, ``"bool"``) or is the :class:`Enum` of its choices."""
+    return field(default=default, metadata={"doc": doc, "check": check, "section": section})
 
 
 @dataclass(frozen=True)
 class NNSGHMCArgs:
     """The arguments that describe an NNSGHMC sampler (architecture and constants).
 
-    Values are checked and normalised (choices to plain strings, numbers to ``float``, steps
-    to ``int``) on construction; a bad value raises :class:`ValueError` naming the argument.
+    Values are checked and normalised (choices to plain strings, numbers to ``float``) on
+    construction; a bad value raises :class:`ValueError` naming the argument.
     """
 
     q_hidden: tuple[int, ...] = _arg(
-        (40,), "hidden widths of ``f_phiQ`` (paper toy: 40; MNIST: 10).",
-        check="widths", section=ARCHITECTURE,
-    )  # fmt: skip
+        (10,), "hidden widths of the curl net ``f_phiQ``.", check="widths", section=ARCHITECTURE
+    )
     d_hidden: tuple[int, ...] = _arg(
-        (40,), "hidden widths of ``f_phiD``.", check="widths", section=ARCHITECTURE
+        (10,),
+        "hidden widths of the diffusion net ``f_phiD``.",
+        check="widths",
+        section=ARCHITECTURE,
     )
     activation: str = _arg(
         "softsign",
-        "hidden activation of both nets; ``softsign`` ``a / (1 + |a|)`` costs about half "
-        "tanh's arithmetic per unit (``BENCHMARKS.md``; the default was ``tanh`` until "
-        "session 17, and every sampler file records its own).",
+        "hidden activation of both nets (``softsign``: ``a / (1 + |a|)``, about half tanh's "
+        "arithmetic per unit).",
         check=Activation,
         section=ARCHITECTURE,
     )
-    d_output: str = _arg("softplus", "keeps ``f_phiD >= 0``.", check=DOutput, section=ARCHITECTURE)
-    q_output: str = _arg(
-        "identity",
-        "output transform of ``f_phiQ``. ``identity`` (004 eq. 9) lets ``Q_f`` take either "
-        "sign, and a curl fed the momentum can change sign as ``|p|`` grows past what "
-        "training saw; a step whose momentum kick and position move use curls of opposite "
-        "signs climbs the energy, which feeds itself (a MNIST-trained sampler diverged so on "
-        "the CNN at every step size, docs/RESULTS.md). ``softplus`` keeps ``Q_f >= 0``: every "
-        "step moves downhill as SGHMC's does. Not in the SPEC.",
-        check=QOutput, section=ARCHITECTURE, since=7,
-    )  # fmt: skip
-    q_momentum_input: bool = _arg(
-        True,
-        "feed ``f_phiQ`` the momentum ``p_i`` as well as the energy (004 eq. 9). ``False``: "
-        "``Q_f = f_phiQ(U)`` is the same for every coordinate of a chain, so ``Gamma_theta = "
-        "0`` and the curl is not re-evaluated at the half step; on the toy transfer it removes "
-        "the stiff-direction bias a momentum-dependent ``Q_f`` learns (docs/RESULTS.md, #11).",
-        check="bool", section=ARCHITECTURE, since=4,
-    )  # fmt: skip
-    beta_off: float = _arg(
-        0.0, "offset added to ``f_phiQ`` (``Q_f = beta_off + clamp(f_phiQ)``). Paper toy: 0.",
-        check="finite",
-    )  # fmt: skip
-    alpha: float = _arg(
-        0.0,
-        "weight of ``Q_f^2`` in ``D_f`` (paper MNIST: ``0.01 / eta``). It is a number, "
-        "stored in the exported file: a sampler loaded with another step keeps the training "
-        "``alpha``. The paper instead re-derives ``alpha = 0.01 / eta`` for each test step "
-        "(004 F.2). To follow it, set ``sampler.alpha = 0.01 / eta`` after loading.",
-        check="non_negative",
-    )
-    c: float = _arg(0.0, "constant added to ``D_f``.", check="non_negative")
-    q_clamp: float = _arg(
-        5.0, "``f_phiQ`` is clamped to ``[-q_clamp, q_clamp]`` (paper: 5).", check="positive"
-    )
-    d_output_scale: float = _arg(
-        1.0, "``s_D`` multiplying ``f_phiD`` (paper MNIST: 50).", check="non_negative"
-    )
-    energy_input_scale: float = _arg(
-        1.0, "``s_U`` on the per-datum energy input.", check="positive"
-    )
-    grad_input_scale: float = _arg(
-        1.0, "``s_g`` on the gradient input (paper MNIST: 70, per datum).", check="positive"
+    curl_input: str = _arg(
+        "stiffness",
+        "what the curl net sees besides the energy. ``stiffness``: ``Q_f(u, s_i)`` with "
+        "``s_i = log(eta sqrt(V_i))``, ``V_i`` the chain's running mean of ``(d_i U)^2`` "
+        "(the step over the coordinate's length scale; fixed after the warm-up), so the curl "
+        "can move stiff and broad coordinates at different speeds; needs exact Gamma. "
+        "``momentum``: ``Q_f(u, p_i)``, the curl of Gong et al. (2019).",
+        check=CurlInput,
+        section=ARCHITECTURE,
     )
     gamma: str = _arg(
         "exact",
-        "``exact`` (the nets' forward-mode chain rule), ``finite_difference`` (004 appendix B) "
-        "or ``none`` (drops Gamma: a diagnostic only, the chain no longer targets the "
-        "posterior).",
+        "``exact`` (the nets' forward-mode chain rule), ``finite_difference`` (secants of "
+        "cached net outputs, Gong et al. 2019 appendix B) or ``none`` (drops Gamma: a "
+        "diagnostic only, the chain no longer targets the posterior).",
         check=GammaMode,
     )
-    momentum_init: str = _arg(
-        "normal", "``normal`` (``N(0, T I)``) or ``zeros``.", check=MomentumInit, config=False
+    alpha: float = _arg(
+        0.0,
+        "weight of ``Q_f^2`` in the friction per step ``eta D_f``.",
+        check="non_negative",
     )
-    detach_inputs: bool = _arg(
+    friction_scale: float = _arg(
+        0.017,
+        "``s_D``, the scale of the learned friction per step: ``eta D_f = alpha Q_f^2 + s_D "
+        "f_phiD``.",
+        check="non_negative",
+    )
+    grad_input_scale: float = _arg(
+        1.0,
+        "``s_g``: the diffusion net sees the per-datum gradient ``s_g d_i U / N``.",
+        check="positive",
+    )
+    thermostat: bool = _arg(
         True,
-        "feed the nets stop-gradient inputs during meta-training; with ``False`` the "
-        "meta-gradient also flows through ``U``, ``p`` and ``grad U`` (second order: the "
-        "target is evaluated with ``create_graph=True``).",
+        "run the step inside a Nosé-Hoover thermostat per coordinate (Ding et al. 2014): an "
+        "extra friction ``xi_i`` that rises while coordinate ``i``'s momentum runs hotter than "
+        "``T`` and falls while it runs colder, so the heat of the gradient noise is taken out "
+        "without knowing the noise. Needs exact Gamma (or none).",
         check="bool",
     )
-    d_clamp: float | None = _arg(
-        None,
-        "upper clamp of ``D_f`` (paper toy: 5); ``None``: none. Gamma uses the clamped "
-        "``D_f``'s derivative, so the sampler stays exact.",
-        check="positive_or_none",
-        since=2,
-    )
-    momentum_input_clamp: float | None = _arg(
-        None,
-        "the nets see the standardised momentum clamped to ``[-m, m]`` (``None``: unclamped, "
-        "as 004). Beyond what meta-training saw (``|p_hat|`` up to ~4) the nets extrapolate: "
-        "a curl trained on the MNIST MLP changes sign at ``p_hat`` 5-10, and on the CNN, "
-        "whose stiff coordinates kick the momentum to 10-40 in a few steps, its chains "
-        "diverged at every step size; clamped at 4 they ran (docs/RESULTS.md). Gamma "
-        "differentiates the clamped input (0 beyond ``m``), so the sampler stays exact. A "
-        "constant: settable on a loaded sampler (not in the SPEC; #11).",
-        check="positive_or_none",
-        since=7,
-    )
-    speed_limit: float | None = _arg(
-        None,
-        "``m``: the curl is multiplied by ``(1 + (p_hat / m)^2)^(-1/2)``, so a coordinate "
-        "moves at most about ``eta Q_f m sigma_p`` per step however large its momentum "
-        "(``None``: no limit, as 004). A stiff coordinate whose momentum is kicked far beyond "
-        "training's range then cannot overshoot by more than that: on the CNN a MNIST "
-        "sampler's stiff coordinates reached ``|p_hat| ~ 370`` at the step SGHMC runs at "
-        "(docs/RESULTS.md). A function of ``z``: Gamma differentiates it (also without "
-        "``q_momentum_input``). A constant: settable on a loaded sampler (not in the SPEC; #11).",
-        check="positive_or_none",
-        since=7,
-    )
-    grad_input: str = _arg(
-        "standardised",
-        "``standardised`` (``s_g * grad Ũ / sigma_g``) or ``per_datum`` (``s_g * grad Ũ / N``, "
-        "the paper's, e.g. ``s_g = 70`` on MNIST).",
-        check=GradInput,
-        since=2,
-    )
-    friction_units: str = _arg(
-        "absolute",
-        "``absolute`` (``D_f`` as written) or ``per_step`` (``alpha``, ``s_D`` and ``c`` give "
-        "the friction per step: ``D_f`` is divided by the step in use; the paper's MNIST "
-        "``alpha = 0.01 / eta`` is ``alpha = 0.01`` here).",
-        check=FrictionUnits,
-        since=2,
-    )
-    energy_input: str = _arg(
-        "per_datum",
-        "``per_datum`` (``U / N``, 004 appendix E) or ``per_coordinate`` (``U / (N D)``: a "
-        "Gaussian's energy at equilibrium is about ``D / 2``, so this input has the same scale "
-        "on a 10-D training and a 20-D test target, and the nets behave at test as in "
-        "training).",
-        check=EnergyInput,
-        since=3,
-    )
-    q_stiffness_input: bool = _arg(
-        False,
-        "also feed ``f_phiQ`` each coordinate's stiffness ``s_i = log(eta sqrt(V_i))``, ``V_i`` "
-        "a running mean of ``(d_i Ũ)^2`` over the chain's past steps (at equilibrium "
-        "``E[(d_i U)^2] = E[d_i^2 U]``, the curvature): ``s_i`` is the step over the "
-        "coordinate's length scale, the same number whatever ``N`` and ``eta`` are, so the curl "
-        "can be smaller where the target is stiff. ``V`` is frozen within a step (it holds "
-        "earlier gradients only), so Gamma needs no derivative of it; it adapts as pSGLD's "
-        "preconditioner does (``stiffness_decay``). Needs ``gamma='exact'`` (not in the SPEC; "
-        "#11).",
-        check="bool", section=ARCHITECTURE, since=5,
-    )  # fmt: skip
-    stiffness_decay: float = _arg(
-        0.99,
-        "``V_i`` is the mean of ``(d_i Ũ)^2`` over the first ``1 / (1 - decay)`` steps, then "
-        "an exponential average with this decay (used with ``q_stiffness_input`` and "
-        "``precondition_power``).",
-        check="fraction", since=5,
-    )  # fmt: skip
-    stiffness_freeze_after: int | None = _arg(
-        None,
-        "after this many steps of a chain ``V`` stops adapting: the stiffness and the "
-        "preconditioner keep their values from then on, as an adaptive MCMC's warm-up fixes "
-        "its metric, so the chain is a time-homogeneous sampler that Gamma makes exact. While "
-        "``V`` keeps adapting, the preconditioner follows where the chains have just been, a "
-        "dependence Gamma has no term for; on the MNIST MLP the learned sampler's last layers "
-        "then ran hot and fitted the data worse (docs/RESULTS.md, session 45). ``None``: "
-        "``V`` adapts throughout, as pSGLD's does. Set it to the run's burn-in (not in the SPEC; "
-        "#11).",
-        check="step_or_none", since=8,
-    )  # fmt: skip
-    precondition_power: float = _arg(
-        0.0,
-        "``gamma_P``: multiply the curl by the per-coordinate preconditioner ``P_i = "
-        "exp(clamp(-gamma_P (s_i - median_j s_j), -precondition_range, precondition_range))`` "
-        "(``s_i = log(eta sqrt(V_i))`` as for ``q_stiffness_input``, ``V`` averaged over the "
-        "chains, which share the target), so a coordinate whose "
-        "RMS gradient is ``k`` times the median's moves ``k^-gamma_P`` as fast: ``0.5`` is "
-        "pSGLD's rescaling in the high-friction limit, ``1`` gives every coordinate of a "
-        "Gaussian the same frequency. ``0``: none. ``P`` is a constant of ``z`` (earlier "
-        "gradients only), so Gamma has no term for it; the nets learn what is left. Needs "
-        "``gamma='exact'`` (not in the SPEC; #11).",
-        check="non_negative", since=6,
-    )  # fmt: skip
-    precondition_range: float = _arg(
-        5.0,
-        "``|log P_i|`` is at most this (``e^5 ~ 150`` either way), so a coordinate with no "
-        "gradient (a dead unit) is not moved without limit.",
-        check="positive", since=6,
-    )  # fmt: skip
-    thermostat: bool = _arg(
-        False,
-        "a Nosé–Hoover thermostat per coordinate around the step (``state.extras[\"xi\"]``, "
-        "from 0): ``p *= exp(-eta xi / 2)``, the step, ``p *= exp(-eta xi / 2)``, ``xi += eta "
-        "(p_bar^2 - T)`` on the step's mean momentum ``p_bar``. Its friction rises where the "
-        "momentum runs hotter than ``T``, so it takes out gradient-noise heat without knowing "
-        "the noise (the complete recipe admits it: the sampler stays exact in the limit). "
-        "Frozen while ``T = 0``. Needs ``gamma='exact'`` (or ``'none'``): it moves ``p`` "
-        "between steps, which the finite-difference secants assume fixed. On the toy transfer "
-        "it lowers KL@12k by 20-40 % (docs/RESULTS.md, sessions 54-55); strong gradient noise "
-        "still heats the positions a little (``scripts/thermostat_probe.py``, session 56). Not "
-        "in the SPEC.",
-        check="bool", since=9,
-    )  # fmt: skip
-    leapfrog: bool = _arg(
-        False,
-        "report the midpoints of the chain's gradient points, the leapfrog (ABA) splitting's "
-        "positions (``state.extras[\"half_step\"]``; ``state.energy`` and ``state.grad`` are "
-        "at the gradient point): exact for a Gaussian at any stiffness, where the modified "
-        "Euler positions run hot in stiff directions. For sampling only: meta-training pairs "
-        "each position with its gradient and refuses it. Not in the SPEC.",
-        check="bool", since=9, config=False,
-    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for f in fields(self):
             object.__setattr__(self, f.name, _checked(f, getattr(self, f.name)))
-        conflict = gamma_conflict(
-            self.precondition_power, self.thermostat, self.gamma, self.q_stiffness_input
-        )
+        conflict = gamma_conflict(self.gamma, self.curl_input, self.thermostat)
         if conflict:
             raise ValueError(conflict)
 
@@ -364,45 +176,36 @@ class NNSGHMCArgs:
 
     @classmethod
     def from_header(cls, architecture: Mapping[str, Any], constants: Mapping[str, Any]):
-        """The arguments a file's header holds; arguments its format version lacks take
-        their defaults."""
+        """The arguments a file's header holds."""
         given = {**architecture, **constants}
         return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
 
     @classmethod
     def from_config(cls, cfg: Any):
         """The arguments a ``SamplerConfig`` (or a mapping with its keys) holds."""
-        return cls(**{f.name: cfg[f.name] for f in arg_fields() if f.metadata["config"]})
+        return cls(**{f.name: cfg[f.name] for f in arg_fields()})
 
 
-def arg_fields(section: str | None = None, version: int | None = None) -> tuple[Field, ...]:
-    """The argument fields, in order: all, or those of one header ``section`` that files of
-    format ``version`` hold."""
+def arg_fields(section: str | None = None) -> tuple[Field, ...]:
+    """The argument fields, in order: all, or those of one header ``section``."""
     return tuple(
-        f
-        for f in fields(NNSGHMCArgs)
-        if (section is None or f.metadata["section"] == section)
-        and (version is None or f.metadata["since"] <= version)
+        f for f in fields(NNSGHMCArgs) if section is None or f.metadata["section"] == section
     )
 
 
 def config_fields() -> list[tuple[str, Any, Any]]:
-    """``(name, type, field)`` for each argument marked ``config``, as
-    :func:`dataclasses.make_dataclass` takes them for an OmegaConf structured config: choices
-    as their :class:`Enum`, widths as ``list[int]``."""
+    """``(name, type, field)`` for each argument, as :func:`dataclasses.make_dataclass` takes
+    them for an OmegaConf structured config: choices as their :class:`Enum`, widths as
+    ``list[int]``."""
     result = []
     for f in arg_fields():
-        if not f.metadata["config"]:
-            continue
         check = f.metadata["check"]
         if isinstance(check, type):
             result.append((f.name, check, field(default=check(f.default))))
         elif check == "widths":
             result.append((f.name, list[int], field(default_factory=partial(list, f.default))))
         else:
-            kinds = {"bool": bool, "positive_or_none": float | None, "step_or_none": int | None}
-            kind = kinds.get(check, float)
-            result.append((f.name, kind, field(default=f.default)))
+            result.append((f.name, bool if check == "bool" else float, field(default=f.default)))
     return result
 
 
@@ -460,52 +263,32 @@ def _checked(f: Field, value: Any) -> Any:
             raise ValueError(f"{name} must be a non-empty list of positive ints, got {value!r}")
         return tuple(int(h) for h in widths)
     if check == "bool":
-        return bool(value)
-    if check == "step_or_none":
-        if value is not None and not is_step(value):
-            raise ValueError(f"{name} must be a whole number of steps >= 1 or None, got {value!r}")
-        return None if value is None else int(value)
-    if check == "positive_or_none":
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
-        return None if value is None else float(value)
-    ok = {
-        "finite": lambda v: math.isfinite(v),
-        "non_negative": lambda v: v >= 0 and math.isfinite(v),
-        "positive": lambda v: v > 0 and math.isfinite(v),
-        "fraction": lambda v: 0 <= v < 1,
-    }[check]
-    if not ok(value):
-        what = {
-            "finite": "finite",
-            "non_negative": "a finite number >= 0",
-            "fraction": "a number in [0, 1)",
-        }.get(check, "a finite number > 0")
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+        return value
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    ok = number and math.isfinite(value) and (value > 0 if check == "positive" else value >= 0)
+    if not ok:
+        what = "a finite number > 0" if check == "positive" else "a finite number >= 0"
         raise ValueError(f"{name} must be {what}, got {value!r}")
     return float(value)
 
 
-def gamma_conflict(
-    power: float, thermostat: bool, gamma: str | None, stiffness_input: bool = False
-) -> str | None:
-    """Why a curl preconditioner ``power``, a thermostat or the curl's stiffness input cannot
-    run with Gamma mode ``gamma``, or ``None`` (the one rule behind :class:`NNSGHMCArgs`, the
-    config check, the builder and ``evaluate.py``'s pre-flight)."""
+def gamma_conflict(gamma: str | None, curl_input: str, thermostat: bool) -> str | None:
+    """Why a curl fed the stiffness, or a thermostat, cannot run with Gamma mode ``gamma``, or
+    ``None`` (the one rule behind :class:`NNSGHMCArgs`, the config check and the builder)."""
     if gamma != "finite_difference":
         return None
-    if stiffness_input:
+    if curl_input == "stiffness":
         return (
-            "q_stiffness_input needs exact Gamma, not finite_difference (the secant in U would "
-            "also see the stiffness change between steps): set gamma=exact"
-        )
-    if power > 0:
-        return (
-            f"precondition_power {power} needs exact Gamma, not finite_difference (the secant "
-            "in U would see the stiffness change between steps): set gamma=exact"
+            "curl_input='stiffness' needs exact Gamma, not finite_difference (the secant in U "
+            "would also see the stiffness change between steps): set gamma='exact' or "
+            "curl_input='momentum'"
         )
     if thermostat:
         return (
             "thermostat needs exact Gamma, not finite_difference (the thermostat moves the "
-            "momentum between steps, which the secants assume fixed): set gamma=exact"
+            "momentum between steps, which the secants assume fixed): set gamma='exact' or "
+            "thermostat=False"
         )
     return None

@@ -34,16 +34,8 @@ from .sampling import sample
 
 __all__ = ["RECOMMENDED", "Prebuilt", "prebuild", "main"]
 
-#: The shipped samplers the README recommends or its examples load.
-RECOMMENDED = (
-    "mnist_mlp",
-    "mnist_mlp_positive_preconditioned",
-    "mnist_mlp_floor_5units",
-    "chorale_gru_stiffness",
-    "toy_gaussian_noise_estimate",
-)
-# Samplers the README runs with the minibatch-noise estimate on (another package).
-_WITH_NOISE_ESTIMATE = {"toy_gaussian_noise_estimate"}
+#: The shipped samplers (``metasampler.pretrained_samplers()``).
+RECOMMENDED = ("feedforward", "recurrent", "toy_gaussian")
 
 
 @dataclass(frozen=True)
@@ -99,8 +91,6 @@ def prebuild(names: Sequence[str] = RECOMMENDED, threads: int | None = None) -> 
     if threads is not None:
         torch.set_num_threads(threads)
     samplers = {name: load_sampler(name) for name in names}  # all checked before any build
-    for name in _WITH_NOISE_ESTIMATE & samplers.keys():
-        samplers[name].grad_noise_estimate = True
     reason = compile_unavailable(torch.device("cpu"))
     if reason is not None:
         return [Prebuilt(name, False, reason) for name in samplers]

@@ -15,17 +15,9 @@ allocated from a field that has not been checked:
    its type and range (hidden widths at most :data:`MAX_WIDTH` in at most
    :data:`MAX_LAYERS` layers, constants within ``±``:data:`MAX_CONSTANT`); the net tensors
    are stored in the header's ``architecture.dtype`` and the statistics in float64, exactly.
-4. **Integrity** — ``checksum.algorithm`` says what the SHA-256 covers:
-
-   * ``"sha256-header+tensors"`` (written since format version 2): the canonical JSON of the
-     whole header except ``checksum`` (sorted keys, no spaces), then every tensor's name,
-     dtype, shape and bytes — so any change to what the file says is detected.
-   * ``"sha256"`` (format version 1, e.g. the shipped ``pretrained/*.safetensors``): the
-     tensors only. For such files integrity means: the tensors are as written, the header
-     passes the strict schema and agrees with the tensors (statistics, ``train_dim``,
-     dtypes, names and shapes); a header value changed to another valid value cannot be
-     detected, so loading one warns (:class:`SamplerFileWarning`). Re-saving the loaded
-     sampler (``save_sampler``) upgrades it.
+4. **Integrity** — ``checksum`` (``"sha256-header+tensors"``) is a SHA-256 over the canonical
+   JSON of the whole header except ``checksum`` (sorted keys, no spaces), then every tensor's
+   name, dtype, shape and bytes — so any change to what the file says is detected.
 
 Every failure is a :class:`SamplerFileError` naming the file and what is wrong.
 """
@@ -45,7 +37,6 @@ import torch
 from torch import Tensor
 
 from .sampler_format import (
-    CHECKSUM_FULL,
     DTYPES,
     FORMAT,
     HEADER_KEY,
@@ -60,7 +51,6 @@ from .sampler_format import (
 __all__ = [
     "SamplerFile",
     "SamplerFileError",
-    "SamplerFileWarning",
     "canonical_header_bytes",
     "header_checksum",
     "parse_json",
@@ -74,10 +64,6 @@ class SamplerFileError(ValueError):
     """A sampler file is unreadable, of another format or version, or inconsistent."""
 
 
-class SamplerFileWarning(UserWarning):
-    """A sampler file loaded, but part of it could not be verified (format version 1)."""
-
-
 @dataclass(frozen=True)
 class SamplerFile:
     """A checked sampler file: its metasampler header and raw tensor bytes.
@@ -85,12 +71,10 @@ class SamplerFile:
     Attributes:
         header: the metasampler JSON header (schema-checked).
         tensors: name -> (safetensors dtype code, shape, bytes).
-        full_integrity: whether the checksum covers the header too.
     """
 
     header: dict
     tensors: dict[str, tuple[str, tuple[int, ...], bytes]]
-    full_integrity: bool
 
     def tensor(self, name: str) -> Tensor:
         """A fresh tensor with the stored bytes of ``name``."""
@@ -194,19 +178,12 @@ def read_sampler_file(path: Path, versions: Iterable[int], current: int) -> Samp
     check_header(header, fail)
     tensors = _layout(outer, data, fail)
     items = [(n, str(DTYPES[c][0]), shape, raw) for n, (c, shape, raw) in tensors.items()]
-    algorithm, stored = header["checksum"]["algorithm"], header["checksum"]["value"]
-    computed = (
-        _full_checksum(header, items)
-        if algorithm == CHECKSUM_FULL
-        else _tensor_stream(items).hexdigest()
-    )
-    if computed != stored:
-        covered = "header and tensors" if algorithm == CHECKSUM_FULL else "tensor data"
+    if _full_checksum(header, items) != header["checksum"]["value"]:
         fail(
-            f"its {covered} do not match the checksum in its header (corrupted, or edited "
-            "without re-saving through metasampler)"
+            "its header and tensors do not match the checksum in its header (corrupted, or "
+            "edited without re-saving through metasampler)"
         )
-    return SamplerFile(header, tensors, algorithm == CHECKSUM_FULL)
+    return SamplerFile(header, tensors)
 
 
 def read_raw_header(path: Path) -> dict:
@@ -306,7 +283,12 @@ def _check_version(path: Path, version: Any, versions: tuple[int, ...], current:
     if type(version) is int and version > current:
         hint = "; upgrade metasampler to load it"
     elif type(version) is int:
-        hint = "; re-export it with a metasampler release that reads that version"
+        hint = (
+            ": it holds a sampler of an earlier NNSGHMC design that this release does not "
+            "build. Re-train it with train_meta.py (configs/ holds the shipped samplers' "
+            "recipes), load a shipped sampler by name (metasampler.pretrained_samplers()), or "
+            "keep using the release that wrote it (docs/sampler_files.md)"
+        )
     else:
         hint = ""
     raise SamplerFileError(

@@ -20,7 +20,6 @@ from .nnsghmc_args import ARCHITECTURE, CONSTANTS, arg_fields
 
 __all__ = [
     "CHECKSUM_FULL",
-    "CHECKSUM_TENSORS",
     "DTYPES",
     "FORMAT",
     "FORMAT_VERSION",
@@ -44,13 +43,13 @@ __all__ = [
 
 FORMAT = "metasampler.nnsghmc"
 #: The format version written.
-FORMAT_VERSION = 9
-#: Format versions read (1: header not covered by the checksum).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+FORMAT_VERSION = 10
+#: Format versions read: only the current one (older files hold samplers of an earlier design;
+#: ``docs/sampler_files.md`` says how to replace them).
+READABLE_VERSIONS = (10,)
 #: The safetensors metadata key holding the JSON header.
 HEADER_KEY = "metasampler"
-CHECKSUM_TENSORS = "sha256"  # format version 1: tensors only
-CHECKSUM_FULL = "sha256-header+tensors"  # format version 2: everything the file says
+CHECKSUM_FULL = "sha256-header+tensors"  # everything the file says
 
 MAX_FILE_BYTES = 128 * 2**20
 MAX_JSON_BYTES = 2**20
@@ -72,7 +71,7 @@ DTYPES: dict[str, tuple[torch.dtype, int]] = {
 }
 #: ``architecture.dtype`` names and their safetensors codes.
 NET_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-STATISTICS = ("energy_loc", "energy_std", "momentum_std", "grad_std")
+STATISTICS = ("energy_loc", "energy_std", "momentum_std")
 
 
 def int_in(value: Any, low: int, high: float = math.inf) -> bool:
@@ -130,11 +129,6 @@ def _any_json(value: Any) -> str | None:
 _POSITIVE = _real(0.0, MAX_CONSTANT, low_open=True)
 
 
-def _fraction(value: Any) -> str | None:
-    if _real(0.0, 1.0)(value) is not None or value == 1:
-        return "a number in [0, 1)"
-    return None
-
 
 #: The file's check for each kind of NNSGHMC argument (``metasampler.nnsghmc_args``).
 _ARG_CHECKS: dict[str, Check] = {
@@ -142,10 +136,7 @@ _ARG_CHECKS: dict[str, Check] = {
     "finite": _real(-MAX_CONSTANT, MAX_CONSTANT),
     "non_negative": _real(0.0, MAX_CONSTANT),
     "positive": _POSITIVE,
-    "positive_or_none": _optional(_POSITIVE),
-    "step_or_none": _optional(lambda v: None if int_in(v, 1) else "an integer >= 1"),
     "bool": _bool,
-    "fraction": _fraction,
 }
 
 
@@ -157,15 +148,14 @@ def _arg_check(f: Field) -> Check:
 def _schema(version: int) -> dict[str, Any]:
     """The header schema of format ``version``: the NNSGHMC arguments it holds, then the
     step, statistics, checksum and provenance."""
-    checksums = (CHECKSUM_TENSORS,) if version == 1 else (CHECKSUM_FULL, CHECKSUM_TENSORS)
     return {
         "format": _choice(FORMAT),
         "format_version": lambda v: None if int_in(v, 1) else "an integer",
         ARCHITECTURE: {
-            **{f.name: _arg_check(f) for f in arg_fields(ARCHITECTURE, version)},
+            **{f.name: _arg_check(f) for f in arg_fields(ARCHITECTURE)},
             "dtype": _choice(*NET_DTYPES),
         },
-        CONSTANTS: {f.name: _arg_check(f) for f in arg_fields(CONSTANTS, version)},
+        CONSTANTS: {f.name: _arg_check(f) for f in arg_fields(CONSTANTS)},
         "training": {
             "eta": _optional(_real(0.0, 1e3, low_open=True)),
             "lr": _optional(_real(0.0, 1e6, low_open=True)),
@@ -175,10 +165,9 @@ def _schema(version: int) -> dict[str, Any]:
             "energy_loc": _real(-MAX_STATISTIC, MAX_STATISTIC),
             "energy_std": _real(0.0, MAX_STATISTIC, low_open=True),
             "momentum_std": _real(0.0, MAX_STATISTIC, low_open=True),
-            "grad_std": _real(0.0, MAX_STATISTIC, low_open=True),
         },
         "train_dim": lambda v: None if int_in(v, 0, MAX_TRAIN_DIM) else "an integer >= 0",
-        "checksum": {"algorithm": _choice(*checksums), "value": _hex64},
+        "checksum": {"algorithm": _choice(CHECKSUM_FULL), "value": _hex64},
         "provenance": _any_json,
     }
 

@@ -16,17 +16,13 @@ Fig. 3) behind ``evaluate.py``, one concern per module:
   tables, the figures and the result files (:func:`write_results`);
 * :mod:`.synthetic`: a data-free classification problem for tests and smoke runs;
 * :mod:`.gaussian`: the toy Gaussian benchmark (Gong et al. 2019, §5.1, :func:`gaussian_benchmark`);
-* :mod:`.friction_scale`: a learned sampler's friction inside its thermostat, scaled on the
-  Gaussian it was trained on (:func:`choose_friction_scale`).
 
 Conventions: "lr" is the optimiser-style per-batch learning rate of docs/METHOD.md §1, converted to
 the SDE step ``eta`` by :mod:`metasampler.stepsize` (``lr / N`` for SGLD, pSGLD, SGD-M, Adam;
 ``sqrt(lr / N)`` for SGHMC, mSGNHT, NNSGHMC). Friction-type constants are given per step
-(``momentum_decay = eta * C``, NNSGHMC's ``alpha_per_step = eta_warmup * alpha``, the paper's
-0.01), so they follow the tuned step.
+(``momentum_decay = eta * C``, the paper's 0.01), so they follow the tuned step.
 """
 
-from .friction_scale import FrictionScaleChoice, choose_friction_scale
 from .gaussian import gaussian_benchmark
 from .methods import METHODS, BuildContext, MethodGrid, MethodSpec, build_method
 from .metrics import (
@@ -50,7 +46,7 @@ from .metrics import (
     predictive_entropy,
 )
 from .plots import plot_calibration, plot_entropy_cdf, plot_learning_curves
-from .protocol import MethodFactory, apply_warmup, set_alpha_from_warmup
+from .protocol import MethodFactory, apply_warmup
 from .publish import RESULT_FILES, write_results
 from .results import FINAL_METRICS, BenchmarkResult, merge_seed_results
 from .run import EvalSet, MethodRun, MethodRunner, run_method
@@ -65,7 +61,6 @@ __all__ = [
     "RESULT_FILES",
     "BenchmarkResult",
     "BuildContext",
-    "FrictionScaleChoice",
     "EvalSet",
     "MethodBenchmark",
     "MethodFactory",
@@ -80,7 +75,6 @@ __all__ = [
     "apply_warmup",
     "build_method",
     "calibration_bins",
-    "choose_friction_scale",
     "ensemble_log_probs",
     "ensemble_log_probs_from_lp",
     "ensemble_metrics",
@@ -106,7 +100,6 @@ __all__ = [
     "predictive_entropy",
     "run_benchmark",
     "run_method",
-    "set_alpha_from_warmup",
     "synthetic_classification_problem",
     "tune_step_size",
     "write_results",

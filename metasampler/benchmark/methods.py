@@ -14,7 +14,6 @@ tuned step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -24,7 +23,8 @@ from typing import Any
 from ..config import ConfigError, GammaMode
 from ..export import load_sampler
 from ..learned import NNSGHMC
-from ..nnsghmc_args import gamma_conflict, is_step
+from ..learned.ablation import stored_net_means, with_constant_nets
+from ..nnsghmc_args import is_step
 from ..samplers import (
     PSGLD,
     SGHMC,
@@ -36,16 +36,14 @@ from ..samplers import (
     cyclical_sghmc,
     cyclical_sgld,
 )
-from ..schedules import CyclicalCosine
 from ..stepsize import resolve_eta
 
 __all__ = [
-    "FREEZE",
     "FRICTION",
     "METHODS",
     "AdamMethod",
     "BuildContext",
-    "CyclicalNNSGHMCMethod",
+    "ConstantNetsMethod",
     "CyclicalSGHMCMethod",
     "CyclicalSGLDMethod",
     "MethodGrid",
@@ -60,7 +58,6 @@ __all__ = [
     "build_method",
     "check_method_section",
     "method_label",
-    "replace_file_constants",
     "uses_sampler_file",
 ]
 
@@ -86,70 +83,19 @@ class NNSGHMCMethod(MethodGrid):
     """The loaded sampler. An empty ``lr_grid`` uses the step stored in the sampler file."""
 
     lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.018])
-    gamma: GammaMode | None = None  # override the file's Gamma mode (paper: finite differences)
+    gamma: GammaMode | None = None  # override the file's Gamma mode
     # How sampling steps run (NNSGHMC's `compile`): false = eager (bit-reproducible; the
     # default here so benchmark runs repeat exactly), true = compile first and wait (also
     # bit-reproducible), null = compile in the background while eager steps run (the library
     # default; results differ at float rounding from the switch on). Speeds: BENCHMARKS.md.
     compile: bool | None = False
-    # The paper's alpha handling (Gong et al. 2019, appendix F.2): alpha = alpha_per_step /
-    # eta_warmup, set from the step of the warm-up phase (the test step when there is none) and kept
-    # for the whole run, for a sampler whose friction_units is "absolute". None (default): keep the
-    # file's alpha, the value it was meta-trained with (a file does not say how it was derived, and
-    # a "per_step" sampler's alpha already transfers across N and eta).
-    alpha_per_step: float | None = None
-    # The constant friction per step under the learned one (the sampler's `c`, as a per-step
-    # friction a = eta c in absolute units): null keeps the file's value (what it was trained
-    # with); a value replaces it, and a `momentum_decay_grid` tunes it with the step as the
-    # momentum methods' friction is tuned, so that every momentum method has its friction
-    # level chosen on the validation split.
-    momentum_decay: float | None = None
-    momentum_decay_grid: list[float] = field(default_factory=list)
-    # The nets' momentum input clamped to [-m, m] and the curl's speed limit (the sampler's
-    # `momentum_input_clamp` and `speed_limit`): null keeps the file's value; a value replaces
-    # it (a file trained without them).
-    momentum_input_clamp: float | None = None
-    speed_limit: float | None = None
-    # The curl's stiffness preconditioner (the sampler's `precondition_power` gamma_P; 0 turns a
-    # file's off): null keeps the file's value. Needs gamma exact (research/NOTEBOOK.md).
-    precondition_power: float | None = None
-    # The step after which each chain's gradient statistic V (the preconditioner's and the
-    # stiffness input's) stops adapting, so that the sampler is time-homogeneous from then on
-    # (the sampler's `stiffness_freeze_after`): null keeps the file's value; e.g. the burn-in.
-    # A `stiffness_freeze_after_grid` tunes it with the step instead (as the friction grid;
-    # steps, extended geometrically to whole steps; a step past the run's end is no freeze).
-    stiffness_freeze_after: int | None = None
-    stiffness_freeze_after_grid: list[int] = field(default_factory=list)
-    # With grids for both options above: the order in which they are tuned, each with the
-    # step and after the ones before it are fixed at their chosen values (e.g.
-    # [stiffness_freeze_after, momentum_decay]); each stage's step grid starts centred on the
-    # previous stage's chosen step.
-    tune_options_in_order: list[str] = field(default_factory=list)
-    # Estimate each coordinate's minibatch gradient-noise variance from the minibatch's two
-    # halves and leave its share out of the injected noise (the sampler's
-    # `grad_noise_estimate`; the sampler is not told any variance by default).
-    grad_noise_estimate: bool = False
-    # A cooling stage: the estimate off before this step of every run (tuning runs too) and
-    # on from it, so hot chains feed the posterior average and cooled ones the final
-    # ensemble (research/NOTEBOOK.md); a run shorter than the step never estimates;
-    # null: `grad_noise_estimate` for the whole run.
-    grad_noise_estimate_from: int | None = None
-    # While the estimate is on: its diffusion B = eta Q_f^2 V / 2 joins the friction, D_f + B / T,
-    # instead of being left out of the injected noise, so coordinates whose gradient noise
-    # exceeds the learned friction are cooled rather than left hot (the sampler's
-    # `grad_noise_friction`; research/NOTEBOOK.md).
-    grad_noise_friction: bool = False
-    # A Nosé–Hoover thermostat per coordinate around the learned step (the sampler's
-    # `thermostat`: mSGNHT's feedback on the momentum's temperature, which takes out the heat of
-    # the gradient noise without an estimate of it; needs gamma exact;
-    # research/NOTEBOOK.md); null keeps the file's (format version 9 stores it; older files: off).
-    thermostat: bool | None = None
-    # The positions of the leapfrog splitting: the gradient is taken half a position step
-    # ahead of the reported position, which is the midpoint of two gradient points (the
-    # sampler's `leapfrog`): exact positions for a Gaussian at any stiffness, where the
-    # modified Euler step's positions run hot in stiff directions (research/NOTEBOOK.md);
-    # null keeps the file's.
-    leapfrog: bool | None = None
+
+
+@dataclass
+class ConstantNetsMethod(NNSGHMCMethod):
+    """The ablation of meta-learning: the loaded sampler with each net replaced by its mean
+    output on the training run (stored in the file; :mod:`metasampler.learned.ablation`), so
+    the same design, frame and step tuning with constant ``Q_f`` and ``D_f``."""
 
 
 @dataclass
@@ -193,13 +139,6 @@ class SGHMCMethod(_Friction):
     """SGHMC with friction ``C = momentum_decay / eta``."""
 
     lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
-    # B estimated per coordinate from the minibatch's two halves (SGHMC's
-    # `grad_noise_estimate`; the control for NNSGHMC's option of that name)
-    grad_noise_estimate: bool = False
-    # the cooling stage of NNSGHMC's option of that name
-    grad_noise_estimate_from: int | None = None
-    # the estimate joins the friction, C + B (SGHMC's `grad_noise_friction`)
-    grad_noise_friction: bool = False
 
 
 @dataclass
@@ -230,16 +169,6 @@ class CyclicalSGHMCMethod(_Friction, _Cycles):
     """cSGHMC: cSGLD's cycles with SGHMC's per-step friction."""
 
     lr_grid: list[float] = field(default_factory=lambda: [0.01, 0.02, 0.04])
-
-
-@dataclass
-class CyclicalNNSGHMCMethod(NNSGHMCMethod, _Cycles):
-    """cNNSGHMC (not in the paper): the loaded sampler driven by cSGLD's cyclical cosine
-    schedule. The learned dynamics and the step schedule are separate choices, so NNSGHMC
-    against SGHMC and cNNSGHMC against cSGHMC each compare like with like. Off unless a
-    config enables it."""
-
-    enabled: bool = False
 
 
 @dataclass
@@ -278,7 +207,6 @@ class BuildContext:
 
 
 FRICTION = "momentum_decay"  # the friction methods' tuned option
-FREEZE = "stiffness_freeze_after"  # NNSGHMC's other tunable option (a step)
 Builder = Callable[[Mapping[str, Any], Any, BuildContext], Sampler]
 
 
@@ -295,69 +223,27 @@ def _cycles(options: Mapping[str, Any], ctx: BuildContext) -> dict[str, Any]:
     }
 
 
-# Constants of the sampler file an NNSGHMC section may replace (null keeps the file's), and
-# their types.
-_FILE_CONSTANTS = {
-    "momentum_input_clamp": float,
-    "speed_limit": float,
-    "precondition_power": float,
-    "stiffness_freeze_after": int,
-    "thermostat": bool,
-    "leapfrog": bool,
-}
-
-
 def _nnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:
     if ctx.sampler_path is None:
         raise ValueError("nnsghmc needs a sampler file (sampler_path or --sampler)")
-    sampler = load_sampler(ctx.sampler_path, lr=lr, device=ctx.device)
-    try:
-        replace_file_constants(sampler, options)
-    except ValueError as err:
-        raise ValueError(f"{ctx.sampler_path}: {err}") from None
-    sampler.use_compile = options["compile"]
-    decay = options.get(FRICTION)
-    if decay is not None:  # the constant friction per step a, replacing the file's
-        per_step = sampler.friction_units == "per_step"
-        eta = resolve_eta(sampler.eta, sampler.lr, ctx.n_data, sampler.order)
-        sampler.c = decay if per_step else decay / eta
-    sampler.grad_noise_estimate = bool(options.get("grad_noise_estimate", False))
-    sampler.grad_noise_friction = bool(options.get("grad_noise_friction", False))
-    return sampler
-
-
-def replace_file_constants(sampler: NNSGHMC, options: Mapping[str, Any]) -> None:
-    """Set the file's constants that an NNSGHMC section sets (``gamma`` and the constants of
-    :data:`_FILE_CONSTANTS`; null keeps the file's), checked together by the arguments' one
-    rule, so that e.g. finite-difference Gamma can replace a file's thermostat.
-
-    Raises:
-        ValueError: the values, with the file's others, are not a valid sampler (the message
-            names the argument); the sampler is then unchanged.
-    """
     gamma = options.get("gamma")
-    replaced = {"gamma": getattr(gamma, "value", gamma)} if gamma is not None else {}
-    for name, kind in _FILE_CONSTANTS.items():
-        if options.get(name) is not None:
-            replaced[name] = kind(options[name])
-    args = dataclasses.replace(sampler.arguments(), **replaced)
-    for name in replaced:
-        setattr(sampler, name, getattr(args, name))
-
-
-def _cnnsghmc(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:
-    sampler = _nnsghmc(options, lr, ctx)
-    sampler.schedule = CyclicalCosine(**_cycles(options, ctx))
+    sampler = load_sampler(
+        ctx.sampler_path, lr=lr, device=ctx.device, gamma=getattr(gamma, "value", gamma)
+    )
+    sampler.use_compile = options["compile"]
     return sampler
+
+
+def _constant_nets(options: Mapping[str, Any], lr: float | None, ctx: BuildContext) -> Sampler:
+    sampler = _nnsghmc(options, lr, ctx)
+    try:
+        return with_constant_nets(sampler, stored_net_means(ctx.sampler_path))
+    except ValueError as err:
+        raise ValueError(f"methods.nnsghmc_constant: {err}") from None
 
 
 def _sghmc(options: Mapping[str, Any], lr: float, ctx: BuildContext) -> Sampler:
-    friction = _friction(options, lr, ctx, SGHMC.order)
-    estimate = bool(options.get("grad_noise_estimate", False))
-    noise_friction = bool(options.get("grad_noise_friction", False))
-    return SGHMC(
-        lr=lr, friction=friction, grad_noise_estimate=estimate, grad_noise_friction=noise_friction
-    )
+    return SGHMC(lr=lr, friction=_friction(options, lr, ctx, SGHMC.order))
 
 
 def _msgnht(integrator: str) -> Builder:
@@ -390,12 +276,10 @@ class MethodSpec:
         is_sampler: ``False`` for the optimiser references (temperature 0).
         tuned: the parameter the tuner chooses; its grid is the section's ``<tuned>_grid``.
         stored_step: an empty grid means the step stored in the sampler file.
-        warmup_alpha: the paper's test-time ``alpha = alpha_per_step / eta_warmup`` applies
-            (:func:`metasampler.benchmark.protocol.set_alpha_from_warmup`).
         tuned_options: the constants of the method that may be tuned with the step (the
-            friction per step ``momentum_decay``; NNSGHMC's ``stiffness_freeze_after`` too);
-            a config tunes those whose ``<option>_grid`` it sets (several one after the
-            other, :meth:`tuning_stages`).
+            friction per step ``momentum_decay`` of the momentum methods); a config tunes
+            those whose ``<option>_grid`` it sets (several one after the other,
+            :meth:`tuning_stages`).
     """
 
     key: str
@@ -406,7 +290,6 @@ class MethodSpec:
     is_sampler: bool = True
     tuned: str = "lr"
     stored_step: bool = False
-    warmup_alpha: bool = False
     tuned_options: tuple[str, ...] = ()
 
     @property
@@ -466,8 +349,14 @@ METHODS: dict[str, MethodSpec] = {
             NNSGHMC,
             _nnsghmc,
             stored_step=True,
-            warmup_alpha=True,
-            tuned_options=(FRICTION, FREEZE),
+        ),
+        MethodSpec(
+            "nnsghmc_constant",
+            "NNSGHMC, constant nets",
+            ConstantNetsMethod,
+            NNSGHMC,
+            _constant_nets,
+            stored_step=True,
         ),
         MethodSpec("sgld", "SGLD", SGLDMethod, SGLD, lambda o, lr, c: SGLD(lr=lr)),
         MethodSpec(
@@ -505,16 +394,6 @@ METHODS: dict[str, MethodSpec] = {
             "csghmc", "cSGHMC", CyclicalSGHMCMethod, SGHMC, _csghmc, tuned_options=(FRICTION,)
         ),
         MethodSpec(
-            "cnnsghmc",
-            "cNNSGHMC",
-            CyclicalNNSGHMCMethod,
-            NNSGHMC,
-            _cnnsghmc,
-            stored_step=True,
-            warmup_alpha=True,
-            tuned_options=(FRICTION, FREEZE),
-        ),
-        MethodSpec(
             "sgdm",
             "SGD-M",
             SGDMMethod,
@@ -531,7 +410,7 @@ METHODS: dict[str, MethodSpec] = {
 
 def uses_sampler_file(key: str) -> bool:
     """Whether method ``key`` samples with the loaded NNSGHMC file (``nnsghmc``,
-    ``cnnsghmc``)."""
+    ``nnsghmc_constant``)."""
     return METHODS[key].sampler_class is NNSGHMC
 
 
@@ -580,37 +459,12 @@ def method_label(key: str, section: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------
 # Validation of a config section (experiments.benchmark_config)
 # --------------------------------------------------------------------------------------------
-_POSITIVE_OPTIONS = ("momentum_decay", "lam", "momentum_input_clamp", "speed_limit")
+_POSITIVE_OPTIONS = ("momentum_decay", "lam")
 _UNIT_INTERVAL_OPTIONS = ("momentum", "beta", "explore_fraction")
-_NON_NEGATIVE_OPTIONS = ("precondition_power",)
 
 
 def _finite_positive(value: Any) -> bool:
     return value > 0 and math.isfinite(value)
-
-
-_STEP_OPTIONS = ("grad_noise_estimate_from", "stiffness_freeze_after")
-
-
-def _check_steps(key: str, section: Mapping[str, Any]) -> None:
-    for name in _STEP_OPTIONS:
-        step = section.get(name)
-        if step is not None and not is_step(step):
-            raise ConfigError(f"methods.{key}.{name} must be a step >= 1 or null, got {step!r}")
-    if section.get("grad_noise_estimate_from") is not None and section.get("grad_noise_estimate"):
-        raise ConfigError(
-            f"methods.{key}: grad_noise_estimate_from turns the estimate on from a step; "
-            "set grad_noise_estimate to false with it (true estimates for the whole run)"
-        )
-
-
-def _check_noise_friction(key: str, section: Mapping[str, Any]) -> None:
-    estimating = section.get("grad_noise_estimate") or section.get("grad_noise_estimate_from")
-    if section.get("grad_noise_friction") and not estimating:
-        raise ConfigError(
-            f"methods.{key}.grad_noise_friction adds the gradient-noise estimate to the "
-            "friction: set grad_noise_estimate (or grad_noise_estimate_from) with it"
-        )
 
 
 def _check_temperature(key: str, section: Mapping[str, Any]) -> None:
@@ -628,7 +482,7 @@ def _check_temperature(key: str, section: Mapping[str, Any]) -> None:
 
 def is_step_option(name: str | None) -> bool:
     """Whether a method option counts steps (its values and grid are whole steps >= 1)."""
-    return name in _STEP_OPTIONS
+    return False  # no method option counts steps
 
 
 def _check_option_grids(key: str, section: Mapping[str, Any]) -> None:
@@ -689,17 +543,6 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
             raise ConfigError(
                 f"methods.{key}.{name} must be a finite number > 0, got {section[name]!r}"
             )
-    for name in _NON_NEGATIVE_OPTIONS:
-        value = section.get(name)
-        if value is not None and not (value >= 0 and math.isfinite(value)):
-            raise ConfigError(f"methods.{key}.{name} must be a finite number >= 0, got {value!r}")
-    conflict = gamma_conflict(
-        section.get("precondition_power") or 0,
-        bool(section.get("thermostat")),
-        section.get("gamma"),
-    )
-    if conflict:
-        raise ConfigError(f"methods.{key}: {conflict}")
     for name in _UNIT_INTERVAL_OPTIONS:
         if name in section and not 0 <= section[name] < 1:
             raise ConfigError(f"methods.{key}.{name} must be in [0, 1), got {section[name]!r}")
@@ -707,11 +550,4 @@ def check_method_section(key: str, section: Mapping[str, Any], shortest_run: int
         raise ConfigError(
             f"methods.{key}.n_cycles must be in [1, {shortest_run}] (the shortest run, "
             f"budget.n_steps or tune.n_steps), got {section['n_cycles']!r}"
-        )
-    _check_steps(key, section)
-    _check_noise_friction(key, section)
-    alpha = section.get("alpha_per_step")
-    if alpha is not None and not (alpha >= 0 and math.isfinite(alpha)):
-        raise ConfigError(
-            f"methods.{key}.alpha_per_step must be a finite number >= 0 or null, got {alpha!r}"
         )

@@ -1,10 +1,8 @@
 """The transfer protocol of Gong et al.'s MNIST code, for every method alike.
 
 :func:`apply_warmup` puts a warm-up phase in front of a sampler's schedule (the first steps at
-a fraction of the learning rate); for a loaded NNSGHMC with absolute friction units,
-:func:`set_alpha_from_warmup` sets ``alpha = alpha_per_step / eta_warmup``.
-:class:`MethodFactory` builds a method at any learning rate with both applied, identically in
-tuning and evaluation runs.
+a fraction of the learning rate). :class:`MethodFactory` builds a method at any learning rate
+with it applied, identically in tuning and evaluation runs.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from ..schedules import WarmUp
 from ..stepsize import resolve_eta
 from .methods import METHODS, MethodSpec, build_method
 
-__all__ = ["MethodFactory", "apply_warmup", "set_alpha_from_warmup"]
+__all__ = ["MethodFactory", "apply_warmup"]
 
 
 def apply_warmup(sampler: Sampler, steps: int, lr_factor: float, n_data: int) -> float:
@@ -41,33 +39,9 @@ def apply_warmup(sampler: Sampler, steps: int, lr_factor: float, n_data: int) ->
     return eta * scale
 
 
-def set_alpha_from_warmup(sampler: Any, alpha_per_step: float | None, eta_warmup: float) -> str:
-    """The paper's test-time ``alpha`` (Gong et al. 2019, appendix F.2):
-    ``alpha = alpha_per_step / eta_warmup``.
-
-    Applies to a loaded NNSGHMC whose ``friction_units`` is ``"absolute"`` (every sampler file
-    before format 2): its ``D_f = alpha Q_f^2 + ...`` is a friction per unit time, so the
-    paper re-derives ``alpha`` from the first (warm-up) step of the test run and keeps it, the
-    friction per step ``eta alpha Q_f^2`` being ``alpha_per_step Q_f^2`` during the warm-up. A
-    ``"per_step"`` sampler's constants are already per step and are left alone, and so is any
-    sampler when ``alpha_per_step`` is ``None``.
-
-    Returns:
-        A short description of what was done (for the result files).
-    """
-    units = getattr(sampler, "friction_units", "absolute")
-    if alpha_per_step is None:
-        return f"file ({sampler.alpha:.4g})"
-    if units != "absolute":
-        return f"file ({sampler.alpha:.4g}, {units} units)"
-    sampler.alpha = float(alpha_per_step) / eta_warmup
-    return f"{alpha_per_step:g} / eta_warmup = {sampler.alpha:.4g}"
-
-
 @dataclass(frozen=True)
 class MethodFactory:
-    """Method ``key`` at any learning rate, with the protocol's warm-up phase and, where the
-    registry says so (``MethodSpec.warmup_alpha``), the paper's ``alpha``.
+    """Method ``key`` at any learning rate, with the protocol's warm-up phase.
 
     Attributes:
         key: a key of :data:`~metasampler.benchmark.methods.METHODS`.
@@ -104,10 +78,7 @@ class MethodFactory:
             device=self.device,
         )
         warmup = min(self.warmup_steps, n_steps)
-        eta_warmup = apply_warmup(sampler, warmup, self.warmup_lr_factor, self.n_data)
-        if self.spec.warmup_alpha:
-            alpha_per_step = self.options.get("alpha_per_step")
-            sampler.alpha_note = set_alpha_from_warmup(sampler, alpha_per_step, eta_warmup)
+        apply_warmup(sampler, warmup, self.warmup_lr_factor, self.n_data)
         return sampler
 
     def eta(self, lr: float | None, n_steps: int) -> float:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .methods import FREEZE, FRICTION
+from .methods import FRICTION
 from .metrics import mean_se
 from .run import MethodRun
 
@@ -82,7 +82,7 @@ def merge_seed_results(summaries: Sequence[Mapping[str, Any]]) -> BenchmarkResul
     for key in dict.fromkeys(k for part in summaries for k in part["methods"]):
         holders = [part for part in summaries if key in part["methods"]]
         parts = [part["methods"][key] for part in holders]
-        chosen = {(p.get("lr"), p.get(FRICTION), p.get(FREEZE), p.get("error")) for p in parts}
+        chosen = {(p.get("lr"), p.get(FRICTION), p.get("error")) for p in parts}
         if len(chosen) != 1:
             raise ValueError(f"method {key!r} was tuned differently in the parts: {chosen}")
         seeds = [int(s) for part in holders for s in part["seeds"]]

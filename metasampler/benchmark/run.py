@@ -144,14 +144,7 @@ class MethodRunner:
         ece_bins: int = 15,
         on_step: Callable[[int], None] | None = None,
         on_eval: Callable[[dict[str, float]], None] | None = None,
-        noise_estimate_from: int | None = None,
     ) -> None:
-        if noise_estimate_from is not None and not hasattr(sampler, "grad_noise_estimate"):
-            raise ValueError(
-                f"noise_estimate_from needs a sampler with grad_noise_estimate (NNSGHMC, SGHMC), "
-                f"not {type(sampler).__name__}"
-            )
-        self.noise_estimate_from = noise_estimate_from
         self.main = _MainSet(target, main, eval_batch_size, ece_bins)
         self.extra = dict(extra or {})
         if self.main.sequence and self.extra:
@@ -173,8 +166,6 @@ class MethodRunner:
         """Sample and score; a chain that becomes non-finite ends the run (see
         :func:`run_method`)."""
         diverged_at, message = None, None
-        if self.noise_estimate_from is not None:
-            self.sampler.grad_noise_estimate = self.noise_estimate_from <= 1
         self._mark = time.perf_counter()
         try:
             sample(
@@ -183,6 +174,8 @@ class MethodRunner:
                 self.shard.size,
                 self.n_steps,
                 init=self._init,
+                # the warm-up ends at the burn-in: what the sampler adapts is fixed from then
+                burn_in=self.burn_in if self.burn_in < self.n_steps else 0,
                 seed=self.shard.seed(self.seed),
                 progress=False,
                 callback=self._callback,
@@ -216,8 +209,6 @@ class MethodRunner:
                 self._report(k, main_lp)
                 if k == self.n_steps:
                     self.final_theta, self.final_lp = state.theta, main_lp
-        if self.noise_estimate_from is not None and k + 1 == self.noise_estimate_from:
-            self.sampler.grad_noise_estimate = True  # the cooling stage from the next step
         if self.on_step is not None:
             self.on_step(k)
         self._step = k
@@ -366,11 +357,6 @@ def run_method(
         ece_bins: bins of the calibration error.
         on_step: called with the step index after every step (progress bars).
         on_eval: called with every learning-curve row.
-        noise_estimate_from: a cooling stage: the sampler's ``grad_noise_estimate`` is off
-            before this step (1-based) and on from it (NNSGHMC and SGHMC: the minibatch
-            noise's share of the injected noise is left out, so the chains cool to the
-            posterior's temperature for the final ensemble; research/NOTEBOOK.md).
-            ``None``: the sampler's own setting for the whole run.
     """
     return MethodRunner(sampler, target, init, **kwargs).run()
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .methods import FREEZE, FRICTION
+from .methods import FRICTION
 from .results import FINAL_METRICS
 
 #: What a tuning run can be scored by (``tune.metric``) and what the tables call it.
@@ -37,7 +37,7 @@ def format_mean_se(stat: Mapping[str, float], scale: float = 1.0, digits: int = 
 
 
 def _protocol_line(summary: Mapping[str, Any]) -> str:
-    """The warm-up phase and NNSGHMC's ``alpha`` in words (empty without either)."""
+    """The warm-up phase in words (empty without one)."""
     budget = summary["budget"]
     parts = []
     if budget.get("warmup_steps"):
@@ -45,9 +45,6 @@ def _protocol_line(summary: Mapping[str, Any]) -> str:
             f"Warm-up, every method: the first {budget['warmup_steps']} steps at "
             f"{budget['warmup_lr_factor']:g} × the chosen per-batch lr."
         )
-    for entry in summary["methods"].values():
-        if entry.get("alpha_note"):
-            parts.append(f"{entry['label']} alpha: {entry['alpha_note']}.")
     return " ".join(parts)
 
 
@@ -243,7 +240,7 @@ def _option_table(summary: Mapping[str, Any]) -> list[str]:
 
 
 #: How the option tables name a tuned option.
-_OPTION_NAMES = {FRICTION: "friction/step a", FREEZE: "V fixed after step"}
+_OPTION_NAMES = {FRICTION: "friction/step a"}
 
 
 def _scored(rows: list[dict[str, Any]]) -> str:
@@ -355,11 +352,9 @@ def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "label": entry["label"],
             "lr": entry.get("lr"),
             FRICTION: _option(summary, key),
-            FREEZE: _option(summary, key, FREEZE),
             "eta": entry.get("eta"),
             "tuning_interior": entry.get("tuning_interior"),
             "warmup_eta": entry.get("warmup_eta"),
-            "alpha": entry.get("alpha"),
             "n_diverged": entry.get("n_diverged"),
             "error": entry.get("error"),
         }
@@ -371,7 +366,7 @@ def _summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 _SUMMARY_FIELDS = (
-    ["method", "label", "lr", FRICTION, FREEZE, "eta", "tuning_interior", "warmup_eta", "alpha"]
+    ["method", "label", "lr", FRICTION, "eta", "tuning_interior", "warmup_eta"]
     + ["n_seeds"]
     + ["n_diverged"]
     + [f"{m}_{s}" for m in FINAL_METRICS for s in ("mean", "se")]
@@ -383,7 +378,6 @@ _TUNING_FIELDS = [
     "method",
     "stage",  # the option tuned in this run's stage (several options tuned in order)
     FRICTION,
-    FREEZE,
     "lr",
     "eta",
     "val_nll",

@@ -23,7 +23,7 @@ from ..distributed import is_main_process, world_size
 from ..samplers import Sampler
 from ..schedules import WarmUp
 from ..targets import NonFiniteError
-from .methods import METHODS, is_step_option, method_label
+from .methods import METHODS, method_label
 from .metrics import frame_targets, is_sequence_model
 from .prior_check import prior_only_variances, sampled_variance
 from .protocol import MethodFactory
@@ -169,7 +169,7 @@ class MethodBenchmark:
         value = None if option is None else self.make.options.get(option)
         if value is None:
             return None
-        return int(value) if is_step_option(option) else float(value)
+        return float(value)
 
     @property
     def reported_options(self) -> list[str]:
@@ -259,7 +259,6 @@ class MethodBenchmark:
             self.option_grid,
             tune.max_extensions,
             tune.edge_tolerance,
-            whole=is_step_option(option),
         )
         self._use_option(outer.best)
         self.grid = self.lr_tunings[outer.best].grid
@@ -299,7 +298,7 @@ class MethodBenchmark:
         """Build the method with ``option`` (default: the current stage's) at ``value`` from
         now on."""
         option = option or self.option
-        options = {**self.make.options, option: int(value) if is_step_option(option) else value}
+        options = {**self.make.options, option: value}
         self.make = dataclasses.replace(self.make, options=options)
 
     def _planned(self, lr: float) -> bool:
@@ -320,7 +319,6 @@ class MethodBenchmark:
             result = self.setting.run(
                 self.make(lr, tune.n_steps),
                 tune,
-                noise_estimate_from=self._noise_estimate_from,
                 main=self.setting.val,
                 n_chains=tune.n_chains or self.setting.cfg.budget.n_chains,
                 eval_every=tune.n_steps,
@@ -390,9 +388,6 @@ class MethodBenchmark:
         evaluated = self.make(chosen, n_steps)
         schedule = evaluated.schedule
         entry["warmup_eta"] = schedule.scale * eta if isinstance(schedule, WarmUp) else None
-        if self.spec.warmup_alpha:
-            entry["alpha"] = float(evaluated.alpha)
-            entry["alpha_note"] = evaluated.alpha_note
         if self.spec.is_sampler:
             entry["prior_variance"] = self._prior_variance(chosen)
         self._log_tuning(chosen, lr_used, eta)
@@ -436,12 +431,6 @@ class MethodBenchmark:
             writer.add_text("tune/chosen", chosen_text)
             writer.close()
 
-    @property
-    def _noise_estimate_from(self) -> int | None:
-        """The step from which the sampler estimates its gradient noise (a cooling stage), or
-        ``None`` (its ``grad_noise_estimate`` option holds for the whole run)."""
-        return self.make.options.get("grad_noise_estimate_from")
-
     # -- evaluation --------------------------------------------------------------------------
     def _run_seed(self, chosen: float | None, seed: int) -> dict[str, Any]:
         setting, budget = self.setting, self.setting.cfg.budget
@@ -450,7 +439,6 @@ class MethodBenchmark:
         result = setting.run(
             self.make(chosen, budget.n_steps),
             budget,
-            noise_estimate_from=self._noise_estimate_from,
             main=setting.test,
             extra=setting.extra,
             n_chains=budget.n_chains,

@@ -75,7 +75,6 @@ class KernelSpec:
     cache: bool
     threads: int
     stiffness: bool = False
-    noise_var: bool = False
 
     @classmethod
     def of(cls, args: StepArgs) -> KernelSpec:
@@ -91,7 +90,6 @@ class KernelSpec:
             cache=args.cache is not None,
             threads=torch.get_num_threads(),
             stiffness=args.stiffness is not None,
-            noise_var=args.noise_var is not None,
         )
 
     def to_json(self) -> str:
@@ -168,7 +166,7 @@ def energy_index(spec: KernelSpec) -> int:
 def n_coordinate_inputs(spec: KernelSpec) -> int:
     """How many leading entries of :func:`flat_inputs` are coordinate (or per-chain energy)
     tensors; the scalars and the nets' weights follow them."""
-    coords = spec.noise + 4 * spec.cache + spec.stiffness + spec.noise_var + spec.cfg.thermostat
+    coords = spec.noise + 4 * spec.cache + spec.stiffness + spec.cfg.thermostat
     return energy_index(spec) + 1 + coords
 
 
@@ -203,7 +201,6 @@ def flat_inputs(args: StepArgs, spec: KernelSpec) -> list[Tensor]:
     flat += [args.noise] if spec.noise else []
     flat += [energy(args.cache[0]), *args.cache[1:]] if spec.cache else []
     flat += [args.stiffness] if spec.stiffness else []
-    flat += [args.noise_var] if spec.noise_var else []
     flat += [args.xi] if spec.cfg.thermostat else []
     # The package assumes dense row-major inputs and does not check: an expanded view (e.g.
     # the cached Q_f of an energy-only curl) would be read as the wrong numbers.
@@ -222,14 +219,12 @@ def step_from_flat(spec: KernelSpec, *flat: Tensor) -> tuple[Tensor, ...]:
     noise = next(it) if spec.noise else None
     cache = tuple(next(it) for _ in range(4)) if spec.cache else None
     stiffness = next(it) if spec.stiffness else None
-    noise_var = next(it) if spec.noise_var else None
     xi = next(it) if spec.cfg.thermostat else None
     v = dict(zip(SCALARS, next(it).unbind(0), strict=True))
     q_net = _net_from(it, _n_layers(spec.q_shapes))
     d_net = _net_from(it, _n_layers(spec.d_shapes))
     out = nnsghmc_update(
-        theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, spec.cfg, stiffness,
-        noise_var, xi,
+        theta, p, grad, prior_grad, u, noise, cache, q_net, d_net, v, spec.cfg, stiffness, xi,
     )  # fmt: skip
     return out[:3] + carried(out[3], out[4])
 
@@ -272,7 +267,6 @@ def _example_inputs(spec: KernelSpec) -> tuple[list[Tensor], list[dict | None]]:
         energy()
         coords(3)
     coords(spec.stiffness)
-    coords(spec.noise_var)
     coords(spec.cfg.thermostat)
     add((len(SCALARS),))
     flat[-1] = flat[-1].abs() + 0.5  # (positive scalars, e.g. eta)

@@ -1,4 +1,5 @@
-"""Input statistics of NNSGHMC's nets, measured by running the sampler briefly (004 appendix E)."""
+"""Input statistics of NNSGHMC's nets, measured by running the sampler briefly (Gong et al.
+2019 appendix E)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..samplers.base import Sampler, SamplerState
-from ..sampling import make_generator, sample
+from ..sampling import sample
 from ..targets import Target
 
 __all__ = ["calibrate_inputs"]
@@ -25,32 +26,25 @@ def calibrate_inputs(
     """Measure input statistics by running ``sampler`` (e.g. randomly initialised) briefly;
     also ``sampler.calibrate(target, ...)``.
 
-    Sets ``momentum_std`` and ``grad_std`` (and, with ``energy=True``, ``energy_loc`` /
-    ``energy_std``) to the statistics of ``p``, ``grad Ũ`` and the per-datum energy seen over
-    ``n_chains`` x ``n_steps`` steps from ``init`` (004 appendix E). Returns them.
+    Sets ``momentum_std`` (and, with ``energy=True``, ``energy_loc`` / ``energy_std``) to the
+    statistics of ``p`` and the energy input seen over ``n_chains`` x ``n_steps`` steps from
+    ``init`` (Gong et al. 2019 appendix E). Returns them.
     """
     sampler.energy_loc.fill_(0.0)
-    for buffer in (sampler.energy_std, sampler.momentum_std, sampler.grad_std):
+    for buffer in (sampler.energy_std, sampler.momentum_std):
         buffer.fill_(1.0)
     device = sampler.f_q.head.weight.device
-    grad_generator = make_generator(seed + 1, device)
-    sums = {"p": [], "g": [], "u": []}
+    sums = {"p": [], "u": []}
 
     def record(state: SamplerState) -> None:
-        # The gradient input is re-evaluated (with its noise) on a separate stream so the
-        # run itself is the same as an uncalibrated one.
-        grad = target.evaluate(state.theta, grad_generator).grad
         sums["p"].append(state.momentum.double().pow(2).mean())
-        sums["g"].append(grad.double().pow(2).mean())
         sums["u"].append(state.energy.double() / sampler._energy_divisor(target))
 
     run = {"init": init, "seed": seed, "callback": record, "device": device}
     sample(sampler, target, n_chains, n_steps, progress=False, store=False, **run)
     p_std = float(torch.stack(sums["p"]).mean().sqrt())
-    g_std = float(torch.stack(sums["g"]).mean().sqrt())
     sampler.momentum_std.fill_(max(p_std, 1e-8))
-    sampler.grad_std.fill_(max(g_std, 1e-8))
-    result = {"momentum_std": p_std, "grad_std": g_std}
+    result = {"momentum_std": p_std}
     if energy:
         energies = torch.cat(sums["u"])
         sampler.energy_loc.fill_(float(energies.mean()))

@@ -46,13 +46,13 @@ def coefficients(
     stiffness: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``Q_f`` and ``D_f`` at given standardised net inputs (e.g. for plots); ``eta``
-    (default: the sampler's, else 1) matters only with ``friction_units="per_step"``;
-    ``stiffness`` (:func:`~metasampler.learned.stiffness.stiffness_input`) only with
-    ``q_stiffness_input``."""
+    (default: the sampler's, else 1) turns the friction per step into ``D_f``; ``stiffness``
+    (:func:`~metasampler.learned.stiffness.stiffness_input`) is the curl's input with
+    ``curl_input="stiffness"``."""
     eta = eta if eta is not None else (self.eta if self.eta is not None else 1.0)
     v = self._scalars(_UnitTarget, eta, self.temperature)
     cfg = self._config("none", detach=False)  # no Gamma: its gradient input `du` is unused
-    stiffness = self._stiffness_given(stiffness, p_hat, v)
+    stiffness = self._stiffness_given(stiffness, p_hat)
     nets = self._nets(p_hat.dtype)
     q, d, _, _ = nnsghmc_coefficients(u, p_hat, g_hat, g_hat, *nets, v, cfg, None, stiffness)
     return q, d
@@ -70,10 +70,9 @@ def drift_terms(
 
     Inputs are not detached and the target is evaluated with ``create_graph`` when
     ``theta`` requires grad, so tests can differentiate these terms with respect to ``z``.
-    ``eta`` (default: the sampler's base step) matters with ``friction_units="per_step"``
-    and the stiffness input; ``grad_sq`` (the running mean of ``grad^2`` a chain carries in
-    ``state.extras["grad_sq"]``, a constant of ``z``) is needed when
-    :attr:`uses_stiffness`.
+    ``eta`` (default: the sampler's base step) turns the friction per step into ``D_f`` and
+    enters the stiffness; ``grad_sq`` (the running mean of ``grad^2`` a chain carries in
+    ``state.extras["grad_sq"]``, a constant of ``z``) is needed when :attr:`uses_stiffness`.
     """
     if eta is None:
         eta = resolve_eta(self.eta, self.lr, target.n_data, self.order)
@@ -83,8 +82,8 @@ def drift_terms(
     du = ev.grad if prior_grad is None else ev.grad - v["prior_w"] * prior_grad
     stiffness = None
     if grad_sq is not None:
-        stiffness = stats.chain_stiffness(grad_sq, eta, self.preconditioned)
-    stiffness = self._stiffness_given(stiffness, momentum, v)
+        stiffness = stats.stiffness_input(grad_sq, eta)
+    stiffness = self._stiffness_given(stiffness, momentum)
     q, d, gamma_p, dq_dph = nnsghmc_coefficients(
         u, momentum * v["inv_sp"], ev.grad * v["g_scale"], du * v["du_scale"],
         *self._nets(momentum.dtype), v, self._config("exact", detach=False), None, stiffness,

@@ -77,8 +77,8 @@ _BLOCK_COORDS = 1 << 14
 # SGHMC step on an H200 (speed/device_check.py); 4M coordinates x 40 units is 0.7 GB a tensor.
 _GPU_BLOCK_COORDS = 1 << 22
 # The first entries of `_flatten`'s list: theta, p, grad, prior_grad, u, noise, cache x 4,
-# stiffness, noise_var, xi.
-_N_COORDS = 13
+# stiffness, xi.
+_N_COORDS = 12
 
 
 def _column_blocks(args: StepArgs) -> list[slice]:
@@ -118,7 +118,7 @@ def _flatten(args: StepArgs) -> tuple[list[Tensor | None], Callable[[list], Step
     cache = list(args.cache) if args.cache is not None else [None] * 4
     nets = [t for layer in (*q_layers, q_head, *d_layers, d_head) for t in layer]
     coords = [args.theta, args.p, args.grad, args.prior_grad, args.u, args.noise, *cache]
-    coords += [args.stiffness, args.noise_var, args.xi]
+    coords += [args.stiffness, args.xi]
 
     def rebuild(tensors: list) -> StepArgs:
         it = iter(tensors[len(coords) :])
@@ -132,7 +132,7 @@ def _flatten(args: StepArgs) -> tuple[list[Tensor | None], Callable[[list], Step
         return args._replace(
             theta=tensors[0], p=tensors[1], grad=tensors[2], prior_grad=tensors[3],
             u=tensors[4], noise=tensors[5], cache=None if c[0] is None else tuple(c),
-            stiffness=tensors[10], noise_var=tensors[11], xi=tensors[12], q_net=q_net,
+            stiffness=tensors[10], xi=tensors[11], q_net=q_net,
             d_net=d_net,
         )  # fmt: skip
 

@@ -1,82 +1,54 @@
-"""NNSGHMC — the learnable complete-recipe sampler (Gong, Li & Hernández-Lobato, ICLR 2019 §3).
+"""NNSGHMC: the learnable complete-recipe sampler (Gong, Li & Hernández-Lobato, ICLR 2019).
 
 State ``z = (theta, p)``, Hamiltonian ``H = U(theta) + p.p / 2``, target ``exp(-H / T)``.
-Diagonal curl and diffusion from per-coordinate nets with shared weights (SPEC §3)::
+Diagonal curl and diffusion from per-coordinate nets with shared weights (``docs/METHOD.md``
+§3)::
 
-    Q_f,i = (beta_off + clamp(f_phiQ(u, p_i), -q_clamp, q_clamp)) r_i   (f_phiQ >= 0: q_output)
-    r_i   = (1 + (p_hat_i / m)^2)^(-1/2)   (m = speed_limit; r_i = 1 without one)
-    D_f,i = clamp((alpha * Q_f,i^2 + s_D * f_phiD(u, p_i, g_i) + c) / e, 0, d_clamp)   (f_phiD >= 0)
+    Q_f,i = clamp(f_phiQ(u, x_i), -5, 5)     x_i = s_i (curl_input="stiffness") or p_hat_i
+    eta D_f,i = alpha Q_f,i^2 + s_D f_phiD(u, p_hat_i, g_i)          (f_phiD >= 0: softplus)
 
     Q = [[0, -Q_f], [Q_f, 0]],   D = [[0, 0], [0, D_f]]
     dz = -(D + Q) grad H dt + T Gamma dt + sqrt(2 T D) dW,   Gamma_i = sum_j d_j (D + Q)_ij
 
-with ``e = 1`` (``friction_units="absolute"``) or ``e = eta``, the step in use
-(``friction_units="per_step"``: the constants are per-step friction, so ``eta D_f`` is what
-training saw whatever ``N`` and ``eta`` are at test time); ``d_clamp = None`` means no upper
-clamp. This leaves ``pi`` invariant for any nets (Ma, Chen & Fox 2015). For this design::
+The friction is written per step (``eta D_f``), so a sampler trained at one step and data size
+gives the same friction per step at another. This leaves ``pi`` invariant for any nets (Ma,
+Chen & Fox 2015). For this design::
 
     Gamma_theta,i = -d Q_f,i / d p_i
     Gamma_p,i     =  d Q_f,i / d theta_i + d D_f,i / d p_i
 
-where ``d D_f,i / d p_i`` is that of the clamped ``D_f`` (0 where the clamp binds).
-
-Net inputs (004 appendix E): ``u = s_U * (U_pd - mu_U) / sigma_U`` with the per-datum energy
-``U_pd = (Ũ - (1 - r) * prior) / N`` (``= mean_m -log p(y_m|x_m, theta) - r/N log p(theta)``,
-``r = D_train / D_test``), ``p_hat_i = p_i / sigma_p`` (the nets see it clamped to
-``[-c_p, c_p]`` with ``momentum_input_clamp = c_p``: Gamma differentiates the clamp; ``r_i``
-takes it unclamped) and the gradient input
-``g_i = s_g * d_i Ũ / sigma_g`` (``grad_input="standardised"``) or ``g_i = s_g * d_i Ũ / N``
-(``grad_input="per_datum"``, the paper's; no calibrated statistic). Options not in the SPEC
-(#11): ``f_phiQ`` without ``p_i`` (``q_momentum_input=False``), and with the stiffness
+Net inputs (Gong et al. 2019 appendix E): the standardised energy ``u = (U / n - mu_U) /
+sigma_U`` (``n`` the number of data ``N``, or the dimension for an energy with no data:
+:mod:`metasampler.learned.inputs`), the standardised momentum ``p_hat_i = p_i / sigma_p``, the
+per-datum gradient ``g_i = s_g d_i Ũ / N`` and, for the curl, the stiffness
 ``s_i = log(eta sqrt(V_i))``, ``V_i`` a running mean of the chain's earlier ``(d_i Ũ)^2``
-(``q_stiffness_input``; :mod:`metasampler.learned.stiffness`): a constant of ``z`` within a
-step, so Gamma has no term for it. The same statistic can precondition the curl
-(``precondition_power`` ``gamma_P > 0``): ``Q_f,i`` above is multiplied by
-``P_i = exp(clamp(-gamma_P (s_i - median s), -L, L))`` (``s`` from ``V`` averaged over the
-chains), so every derivative of ``Q_f`` in Gamma is multiplied by ``P_i`` too. With
-``stiffness_freeze_after`` ``V`` stops adapting after that step, as an adaptive MCMC's warm-up
-fixes its metric, and the chain is time-homogeneous from then on.
-Every transformation enters the chain rule, e.g.
-``d Q_f,i / d theta_i = (d f_phiQ / d u) * s_U / (sigma_U N) * (d_i Ũ - (1 - r) d_i prior)``.
+(:mod:`metasampler.learned.stiffness`): a constant of ``z`` within a step, so Gamma has no
+term for it, adapted during the warm-up and fixed after it. The curl of Gong et al. (2019)
+sees the momentum instead (``curl_input="momentum"``). Every transformation enters the chain
+rule, e.g. ``d Q_f,i / d theta_i = (d f_phiQ / d u) / (sigma_U n) * d_i Ũ``.
 
-Discretisation (modified Euler, 004 eq. 7), ``z~_t = (theta_t, p_{t+1})``, used identically
-in meta-training and evaluation::
+Discretisation (modified Euler, Gong et al. 2019 eq. 7), ``z~_t = (theta_t, p_{t+1})``, used
+identically in meta-training and sampling::
 
     p_{t+1}     = (1 - eta D_f(z_t)) p_t - eta Q_f(z_t) grad Ũ(theta_t) + eta T Gamma_p(z_t)
                   + N(0, 2 eta T D_f(z_t))
     theta_{t+1} = theta_t + eta Q_f(z~_t) p_{t+1} + eta T Gamma_theta(z~_t)
 
-Not in the SPEC: with a known gradient-noise variance ``V`` (``grad_noise_var``, default 0)
-the injected noise is ``N(0, 2 eta T D_f - eta^2 Q_f^2 V)``, because ``- eta Q_f grad Ũ``
-already carries ``eta^2 Q_f^2 V`` (SGHMC's ``B_hat``; docs/METHOD.md §3); with
-``grad_noise_estimate`` ``V`` is each chain's running estimate per coordinate instead
-(:mod:`metasampler.gradient_noise`). With ``grad_noise_friction`` the noise's diffusion
-``B = eta Q_f^2 V / 2`` joins the friction instead, ``D_f + B / T`` (and Gamma), and the injected
-noise stays ``N(0, 2 eta T D_f)``. With ``thermostat`` each coordinate also carries mSGNHT's
-thermostat ``xi`` (the complete recipe's curl ``Q_(p_i, xi_i) = p_i``, ``H += xi.xi / 2``):
-``p *= exp(-eta xi / 2)``, the step, ``p *= exp(-eta xi / 2)``, ``xi += eta (p_bar^2 - T)``,
-``p_bar`` the mean of the momenta entering and leaving the step (whose second moment the Euler
-friction leaves at ``T``; ``p`` itself runs hot by ``1 / (1 - eta D_f / 2)`` while the positions
-do not: docs/RESULTS.md, session 54). With ``leapfrog`` the update above moves the chain's
-gradient points ``theta^g`` and the reported position is the midpoint of two,
-``theta_t = (theta^g_t + theta^g_{t+1}) / 2``: the leapfrog (ABA) splitting of the position flow
-around the momentum step, each half with the drift of the step it belongs to. For a Gaussian
-with constant coefficients these positions are exact at any stiffness, where the Euler positions
-run hot by at least ``1 / (1 - eta^2 Q_f^2 k / 4)`` (curvature ``k``); the state carries
-``half_step = (theta^g_{t+1} - theta^g_t) / 2``, and ``state.energy`` and ``state.grad`` are
-those at the gradient point ``theta + half_step``. All off, the update is the SPEC's.
+With ``thermostat`` (the default) each coordinate also carries a Nosé-Hoover thermostat ``xi``
+(Ding et al. 2014; in the complete recipe, the curl ``Q_(p_i, xi_i) = p_i`` with
+``H += xi.xi / 2``): ``p *= exp(-eta xi / 2)``, the step, ``p *= exp(-eta xi / 2)``,
+``xi += eta (p_bar^2 - T)``, ``p_bar`` the mean of the momenta entering and leaving the step.
+Its friction rises where the momentum runs hotter than ``T``, so it takes out the heat the
+minibatch gradient's noise brings without knowing that noise.
 
 ``gamma`` chooses how the derivatives are obtained:
 
-* ``"exact"`` — the nets' own forward-mode chain rule (no Hessian of ``U``), differentiable;
-* ``"finite_difference"`` — 004 appendix B with cached net outputs (secants in ``p`` at fixed
-  ``U``, in ``U`` at fixed ``p``, one extra ``f_D`` pass at the previous momentum); tiny
-  denominators fall back to a zero derivative, so no NaN or Inf can appear;
-* ``"none"`` — drops Gamma. A diagnostic only: it breaks stationarity (the stationarity tests
-  show the bias).
-
-Reduction: ``f_phiQ ≡ 0, beta_off = 1, alpha = 0, s_D = 0, c = C`` is exactly SGHMC with
-friction ``C``.
+* ``"exact"``: the nets' own forward-mode chain rule (no Hessian of ``U``), differentiable;
+* ``"finite_difference"``: Gong et al. (2019) appendix B, with cached net outputs (secants in
+  ``p`` at fixed ``U``, in ``U`` at fixed ``p``, one extra ``f_D`` pass at the previous
+  momentum); tiny denominators give a zero derivative, so no NaN or Inf can appear. Only for the
+  momentum curl without a thermostat: the paper's sampler;
+* ``"none"``: drops Gamma. A diagnostic only: it breaks stationarity.
 
 Code: these equations are written once, in :mod:`metasampler.learned.equations` (pure
 functions); :mod:`metasampler.learned.inputs` computes their inputs and scalars from the
@@ -88,7 +60,6 @@ holds the sampler's constants, its chain statistics and the sampler protocol.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -99,9 +70,8 @@ from torch import Tensor, nn
 from ..integrators import gaussian_like
 from ..nnsghmc_args import (
     CONSTANTS,
-    FRICTION_UNITS,
+    CURL_INPUTS,
     GAMMA_MODES,
-    GRAD_INPUTS,
     NNSGHMCArgs,
     arg_fields,
     describe_args,
@@ -121,30 +91,22 @@ from .equations import StepArgs, nnsghmc_coefficients
 from .fast import run as run_step
 from .nets import CoordinateMLP, NetParams
 
-__all__ = [
-    "NNSGHMC",
-    "DriftTerms",
-    "GAMMA_MODES",
-    "GRAD_INPUTS",
-    "FRICTION_UNITS",
-]
+__all__ = ["NNSGHMC", "DriftTerms", "GAMMA_MODES", "CURL_INPUTS"]
 
 
 #: The constants ``repr`` shows after the step.
-_REPR_FIELDS = (
-    "gamma", "beta_off", "alpha", "c", "q_clamp", "d_output_scale", "d_clamp",
-    "momentum_input_clamp", "speed_limit", "grad_input", "friction_units", "thermostat",
-    "leapfrog",
-)  # fmt: skip
+_REPR_FIELDS = ("curl_input", "gamma", "alpha", "friction_scale", "grad_input_scale", "thermostat")
 
 
 class NNSGHMC(nn.Module, Sampler):
     """The learnable SG-MCMC sampler. Same protocol as every baseline: ``init`` / ``step``.
 
+    ``NNSGHMC()`` is the design this package meta-trains and ships: a curl fed each
+    coordinate's stiffness, inside a thermostat. ``NNSGHMC(curl_input="momentum",
+    thermostat=False, gamma="exact" or "finite_difference")`` is the sampler of Gong et al.
+    (2019). Trained samplers are loaded with :func:`~metasampler.load_sampler`.
+
         Args:
-            eta / lr: step (``lr`` converts as ``eta = sqrt(lr / N)``); evaluation may use a
-                different step from training.
-            temperature, schedule: as for every sampler.
             seed: seeds the nets' initial weights.
             compile: how sampling steps (under ``torch.no_grad()``) run
                 (:mod:`metasampler.learned.fast`). ``None`` (default): compiled in the
@@ -152,33 +114,13 @@ class NNSGHMC(nn.Module, Sampler):
                 built ahead of time and cached on disk, :mod:`metasampler.learned.aot`; a GPU:
                 ``torch.compile`` from caches a child process fills), else eager after a
                 one-line notice. ``True``: wait for the compiled step. ``False``: eager. Not
-                exported: the ``use_compile`` attribute of a loaded one. Meta-training steps
-                run with autograd (``True``: through ``torch.compile``); the ``step_path``
-                attribute ("auto", "plain", "blocks", "recompute", "compiled") forces one way.
-            grad_noise_var: the variance ``V`` of the gradient's noise per coordinate, where it
-                is known (e.g. the toy targets' injected ``N(0, sigma^2)``: ``V = sigma^2``).
-                ``0`` (default): none assumed. With ``V > 0`` the injected noise gives
-                ``2 eta T D_f - eta^2 Q_f^2 V`` instead of ``2 eta T D_f`` (SGHMC's ``B_hat``
-                correction with a learned curl), so the noise of ``eta Q_f grad Ũ`` no longer
-                heats the chains. A property of the problem, like ``temperature``: not part of
-                the exported sampler; settable on a loaded one as an attribute.
-            grad_noise_estimate: estimate ``V`` instead, per chain and coordinate, where the
-                target can (:class:`~metasampler.BayesianModel`: from the two halves of each
-                minibatch, at about the cost of one gradient; :class:`~metasampler.EnergyTarget`:
-                from the two halves of its injected noise), its running mean over about 20
-                steps (:mod:`metasampler.gradient_noise`); replaces ``grad_noise_var``. Not
-                exported; settable as an attribute.
-            grad_noise_friction: where ``V`` is known or estimated, dissipate the gradient
-                noise's diffusion ``B = eta Q_f^2 V / 2`` as friction instead, ``D_f + B / T``,
-                so the injected noise stays ``2 eta T D_f`` however large ``B`` is (the
-                subtraction above injects nothing where ``B > T D_f`` and leaves those
-                coordinates hot; a thermostat raises its friction there). The modified Euler
-                step multiplies the momentum by ``1 - eta D_f``, so where ``eta B / T`` nears 2
-                per step (a large ``V`` at a large step) it overshoots and the chain diverges
-                (docs/RESULTS.md, session 53). Not exported; settable as an attribute.
+                exported: the ``use_compile`` attribute of a loaded one.
+            eta / lr: step (``lr`` converts as ``eta = sqrt(lr / N)``); sampling may use a
+                different step from training.
+            temperature, schedule: as for every sampler.
             **arguments: the architecture and constants, the fields of
                 :class:`~metasampler.nnsghmc_args.NNSGHMCArgs` (listed below); each becomes an
-                attribute of the same name (the architecture is that of ``f_q`` / ``f_d``).
+                attribute of the same name.
 
         Architecture and constants (:class:`~metasampler.nnsghmc_args.NNSGHMCArgs`):
     {arguments}
@@ -195,13 +137,16 @@ class NNSGHMC(nn.Module, Sampler):
         lr: float | None = None,
         temperature: float = 1.0,
         schedule: Schedule | None = None,
-        grad_noise_var: float = 0.0,
-        grad_noise_estimate: bool = False,
-        grad_noise_friction: bool = False,
         **arguments: Any,
     ) -> None:
         nn.Module.__init__(self)
         Sampler.__init__(self, eta=eta, lr=lr, temperature=temperature, schedule=schedule)
+        unknown = sorted(set(arguments) - {f.name for f in arg_fields()})
+        if unknown:
+            raise TypeError(
+                f"NNSGHMC got unknown argument(s) {unknown}; it takes seed, compile, eta, lr, "
+                f"temperature, schedule and {[f.name for f in arg_fields()]}"
+            )
         args = NNSGHMCArgs(**arguments)
         if args.gamma == "none":
             warnings.warn(
@@ -209,31 +154,22 @@ class NNSGHMC(nn.Module, Sampler):
                 "the posterior. Use it only as a diagnostic.",
                 stacklevel=2,
             )
-        # (U, p_i) or U alone, and the stiffness s_i
-        q_inputs = 1 + args.q_momentum_input + args.q_stiffness_input
-        self.q_momentum_input = args.q_momentum_input
-        self.q_stiffness_input = args.q_stiffness_input
-        self.f_q = CoordinateMLP(q_inputs, args.q_hidden, args.activation, args.q_output)
-        self.f_d = CoordinateMLP(3, args.d_hidden, args.activation, args.d_output)
+        self.curl_input = args.curl_input
+        self.f_q = CoordinateMLP(2, args.q_hidden, args.activation, "identity")
+        self.f_d = CoordinateMLP(3, args.d_hidden, args.activation, "softplus")
         if seed is not None:
             generator = torch.Generator().manual_seed(int(seed))
             self.f_q.reset_parameters(generator)
             self.f_d.reset_parameters(generator)
         for f in arg_fields(CONSTANTS):
             setattr(self, f.name, getattr(args, f.name))
-        if not (math.isfinite(grad_noise_var) and grad_noise_var >= 0):
-            raise ValueError(f"grad_noise_var must be a finite number >= 0, got {grad_noise_var!r}")
-        self.grad_noise_var = float(grad_noise_var)
-        self.grad_noise_estimate = bool(grad_noise_estimate)
-        self.grad_noise_friction = bool(grad_noise_friction)
         # Not `self.compile`: that would shadow nn.Module.compile.
         self.use_compile = compile
         self.step_path = "auto"  # see `fast.PATHS`
-        # Input statistics (004 appendix E), measured by `calibrate`; part of the export.
+        # Input statistics (Gong et al. 2019 appendix E), measured by `calibrate`; exported.
         self.register_buffer("energy_loc", torch.tensor(0.0, dtype=torch.float64))
         self.register_buffer("energy_std", torch.tensor(1.0, dtype=torch.float64))
         self.register_buffer("momentum_std", torch.tensor(1.0, dtype=torch.float64))
-        self.register_buffer("grad_std", torch.tensor(1.0, dtype=torch.float64))
         # Dimension of the meta-training target (0: unknown, then r = D_train / D_test = 1).
         self.register_buffer("train_dim", torch.tensor(0, dtype=torch.int64))
 
@@ -254,10 +190,7 @@ class NNSGHMC(nn.Module, Sampler):
             q_hidden=tuple(self.f_q.hidden),
             d_hidden=tuple(self.f_d.hidden),
             activation=self.f_q.activation,
-            d_output=self.f_d.output,
-            q_output=self.f_q.output,
-            q_momentum_input=self.q_momentum_input,
-            q_stiffness_input=self.q_stiffness_input,
+            curl_input=self.curl_input,
             **{f.name: getattr(self, f.name) for f in arg_fields(CONSTANTS)},
         )
 
@@ -276,29 +209,21 @@ class NNSGHMC(nn.Module, Sampler):
         return self.f_q.params(dtype), self.f_d.params(dtype)
 
     @property
-    def preconditioned(self) -> bool:
-        """Whether the curl is scaled by the stiffness preconditioner (``precondition_power``)."""
-        return self.precondition_power > 0
-
-    @property
     def uses_stiffness(self) -> bool:
-        """Whether the curl needs the stiffness (its input or its preconditioner), so that a
-        chain carries the running mean ``V`` of its squared gradients."""
-        return self.q_stiffness_input or self.preconditioned
+        """Whether the curl sees the stiffness, so that a chain carries the running mean
+        ``V`` of its squared gradients."""
+        return self.curl_input == "stiffness"
 
-    def _stiffness_given(self, stiffness: Tensor | None, like: Tensor, v: dict) -> Tensor | None:
-        """``stiffness`` at the shape of ``like``, with its median in ``v`` for the
-        preconditioner; a clear error when it is needed but missing."""
+    def _stiffness_given(self, stiffness: Tensor | None, like: Tensor) -> Tensor | None:
+        """``stiffness`` at the shape of ``like``; a clear error when it is needed but
+        missing."""
         if not self.uses_stiffness:
             return None
         if stiffness is None:
             raise ValueError(
-                "this sampler's curl uses the stiffness (q_stiffness_input or "
-                "precondition_power): pass stiffness= "
-                "(metasampler.learned.stiffness.stiffness_input) or grad_sq="
+                "this sampler's curl sees the stiffness (curl_input='stiffness'): pass "
+                "stiffness= (metasampler.learned.stiffness.stiffness_input) or grad_sq="
             )
-        if self.preconditioned:
-            v["precond_ref"] = stats.preconditioner_reference(stiffness)
         return stiffness.expand_as(like)
 
     # -- sampler protocol -------------------------------------------------------------------
@@ -311,27 +236,20 @@ class NNSGHMC(nn.Module, Sampler):
                 f"NNSGHMC nets are on {device} but the chains are on {state.theta.device}; "
                 "move the sampler with .to(device)"
             )
-        state.momentum = init_momentum(state.theta, self.momentum_init, self.temperature, generator)
+        state.momentum = init_momentum(state.theta, "normal", self.temperature, generator)
         return state
 
     def _step(self, state, target, eta, temperature, generator):
         # (constants set on a loaded sampler are checked here; the constructor checks its own)
-        conflict = gamma_conflict(
-            self.precondition_power, self.thermostat, self.gamma, self.q_stiffness_input
-        )
+        conflict = gamma_conflict(self.gamma, self.curl_input, self.thermostat)
         if conflict:
             raise ValueError(f"NNSGHMC: {conflict}")
         k = state.step + 1
-        second_order = not self.detach_inputs and torch.is_grad_enabled()
-        estimate = self.grad_noise_estimate
         extras = state.extras
-        theta = state.theta  # where grad U is taken: half a step ahead with `leapfrog`
-        if self.leapfrog and "half_step" in extras:
-            theta = theta + extras["half_step"]
-        # (one thread fewer while a build runs, as for the eager update: the gradient's
-        # threads spinning against the build slowed it; BENCHMARKS.md, session 33)
+        # (one thread fewer while a build runs: the gradient's threads spinning against the
+        # build slowed it)
         with aot.leaving_a_core_to_builds():
-            ev = self.evaluate(target, theta, k, generator, second_order, estimate)
+            ev = self.evaluate(target, state.theta, k, generator)
         u, prior_grad = self._energy_input(ev, target)
         p = state.momentum
         gamma = self.gamma if temperature > 0 else "none"
@@ -340,19 +258,14 @@ class NNSGHMC(nn.Module, Sampler):
             cache = (extras["u"], extras["q_tilde"], extras["p_hat"], extras["dq_dph"])
         noise = gaussian_like(p, generator) if temperature > 0 else None
         v = self._scalars(target, eta, temperature)
-        decay = self.stiffness_decay if self.uses_stiffness else None
-        chain_stats = stats.update_chain_statistics(
-            extras, ev, k, decay, self.stiffness_freeze_after
-        )
-        stiffness = None
+        chain_stats, stiffness = {}, None
         if self.uses_stiffness:  # V of the earlier steps (the first step: its own gradient's)
+            chain_stats = stats.update_chain_statistics(extras, ev, k)
             past = extras.get("grad_sq", chain_stats["grad_sq"])
-            stiffness = stats.chain_stiffness(past, eta, self.preconditioned)
-            stiffness = self._stiffness_given(stiffness, p, v)
+            stiffness = self._stiffness_given(stats.stiffness_input(past, eta), p)
         args = StepArgs(
-            theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype), v,
-            self._config(gamma, self.detach_inputs), stiffness, chain_stats.get("noise_var"),
-            self._thermostat_state(p, extras),
+            state.theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype), v,
+            self._config(gamma, True), stiffness, self._thermostat_state(p, extras),
         )  # fmt: skip
         new_theta, new_p, check, new_cache, xi = run_step(args, self)
         if not bool(torch.isfinite(check)):
@@ -368,10 +281,17 @@ class NNSGHMC(nn.Module, Sampler):
         extras.update(chain_stats)
         if xi is not None:
             extras["xi"] = xi
-        if self.leapfrog:  # report the midpoint of two gradient points (module docstring)
-            extras["half_step"] = 0.5 * (new_theta - theta)
-            new_theta = new_theta - extras["half_step"]
         return SamplerState(new_theta, new_p, extras, state.step, state.eta, ev.energy, ev.grad)
+
+    def end_warmup(self, state: SamplerState) -> SamplerState:
+        """Fix the stiffness statistic ``V`` from now on (the curl's input then depends on
+        ``z`` alone, so the chain is one time-homogeneous kernel that Gamma makes exact)."""
+        if not self.uses_stiffness:
+            return state
+        return SamplerState(
+            state.theta, state.momentum, stats.freeze(state.extras), state.step, state.eta,
+            state.energy, state.grad,
+        )  # fmt: skip
 
     def _thermostat_state(self, p: Tensor, extras: Mapping[str, Tensor]) -> Tensor | None:
         """The chains' thermostat ``xi`` (0 at first); ``None`` without a thermostat."""

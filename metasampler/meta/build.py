@@ -15,13 +15,7 @@ __all__ = ["build_sampler", "settings_from_config", "with_step"]
 def build_sampler(cfg: Any, seed: int = 0) -> NNSGHMC:
     """An untrained :class:`NNSGHMC` from a ``SamplerConfig``."""
     args = NNSGHMCArgs.from_config(cfg)
-    noise_var = float(cfg.get("grad_noise_var", 0.0))  # (configs older than the keys)
-    estimate = bool(cfg.get("grad_noise_estimate", False))
-    friction = bool(cfg.get("grad_noise_friction", False))
-    return NNSGHMC(
-        eta=cfg.eta, lr=cfg.lr, seed=seed, grad_noise_var=noise_var,
-        grad_noise_estimate=estimate, grad_noise_friction=friction, **args.as_kwargs(),
-    )  # fmt: skip
+    return NNSGHMC(eta=cfg.eta, lr=cfg.lr, seed=seed, **args.as_kwargs())
 
 
 def with_step(sampler: NNSGHMC, eta: float | None = None, lr: float | None = None) -> NNSGHMC:

@@ -53,15 +53,8 @@ def unroll_window(
         collector: offered every position (it keeps what its burn-in/thinning/subset want).
         pool_detached: offer the window's (detached) first position to the collector too.
 
-    Raises :class:`~metasampler.targets.NonFiniteError` from the sampler when a chain diverges,
-    and ``ValueError`` for a sampler with leapfrog positions (its gradients are not taken at the
-    positions it reports).
+    Raises :class:`~metasampler.targets.NonFiniteError` from the sampler when a chain diverges.
     """
-    if getattr(sampler, "leapfrog", False):
-        raise ValueError(
-            "meta-training pairs each position with the gradient there, which a sampler with "
-            "leapfrog positions takes half a step ahead: set leapfrog = False to train"
-        )
     samples = WindowSamples()
     first = state.step - segment_start
     for _ in range(length):

@@ -185,6 +185,12 @@ class Sampler:
         new_state.step = k
         return new_state
 
+    def end_warmup(self, state: SamplerState) -> SamplerState:
+        """The state with what the sampler adapted during the warm-up fixed from now on, so
+        that the kept samples come from one time-homogeneous kernel (:func:`~metasampler.sample`
+        calls it after ``burn_in`` steps). The base class adapts nothing: ``state`` as is."""
+        return state
+
     def collects(self, k: int) -> bool:
         """Whether the sample after step ``k`` (1-based) belongs to a sampling stage."""
         return not self.schedule(k).explore
