@@ -39,6 +39,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.utils.data import TensorDataset
@@ -69,6 +70,10 @@ __all__ = [
 ]
 
 
+#: The built-in likelihoods whose outputs are Bernoulli logits.
+_BERNOULLI = ("bernoulli", "bernoulli_sequence")
+
+
 @dataclass(frozen=True)
 class Predictive:
     """Posterior-predictive summary of a :class:`BayesianModel` on inputs ``x`` (``B`` rows).
@@ -77,6 +82,9 @@ class Predictive:
     ``softmax(outputs)`` for the categorical likelihood, ``sigmoid(outputs)`` for the
     Bernoulli ones, the mean ``outputs`` for the gaussian one and the raw outputs for a
     custom likelihood.
+
+    :meth:`nll` scores observed targets under the posterior predictive of every built-in
+    likelihood; :meth:`accuracy` applies to the classifiers (categorical and Bernoulli).
 
     Attributes:
         draws: ``(S, K, B, ...)`` the prediction of every kept sample of every chain.
@@ -87,30 +95,105 @@ class Predictive:
             square for the predictive variance of a new ``y``).
         entropy: ``(B,)`` entropy of the predictive class probabilities (categorical only,
             else ``None``): 0 for a certain prediction, ``log C`` for a uniform one.
+        likelihood: the model's built-in likelihood (``"categorical"``, ``"gaussian"``,
+            ``"bernoulli"`` or ``"bernoulli_sequence"``); ``None`` for a custom one (then
+            ``"categorical"`` is assumed where ``entropy`` is given).
+        noise_std: the gaussian likelihood's observation noise (``None`` otherwise).
+        logits: ``(S, K, B, ...)`` the raw outputs of every draw for the Bernoulli
+            likelihoods, else ``None``: :meth:`nll` uses them, since a float32 probability
+            rounds to 1 beyond a logit of about 17 (without them it uses ``draws``).
     """
 
     draws: Tensor
     mean: Tensor
     std: Tensor
     entropy: Tensor | None
+    likelihood: str | None = None
+    noise_std: float | None = None
+    logits: Tensor | None = None
+
+    @property
+    def kind(self) -> str | None:
+        """The likelihood the predictions are of (see ``likelihood``)."""
+        if self.likelihood is not None:
+            return self.likelihood
+        return "categorical" if self.entropy is not None else None
 
     def accuracy(self, y: Tensor) -> float:
-        """Fraction of rows whose most probable class (``mean.argmax(-1)``) equals ``y``."""
-        y = self._labels(y)
-        return float((self.mean.argmax(-1) == y).double().mean())
+        """Fraction of targets predicted right by the posterior-predictive mean.
+
+        Categorical: rows whose most probable class (``mean.argmax(-1)``) equals the label
+        ``y``. Bernoulli: 0/1 targets where ``mean > 0.5`` says the same (padding frames of a
+        sequence, marked ``-1``, are left out).
+
+        Raises:
+            ValueError: ``y`` does not fit the predictions (the message says how), or the
+                likelihood is not a classifier's (gaussian or custom: use :meth:`nll`).
+        """
+        kind = self.kind
+        if kind == "categorical":
+            y = self._labels(y)
+            return float((self.mean.argmax(-1) == y).double().mean())
+        if kind in _BERNOULLI:
+            y, valid = self._binary_targets(y)
+            right = (self.mean.reshape(y.shape) > 0.5) == (y > 0.5)
+            return float(right[valid].double().mean())
+        raise ValueError(
+            f"accuracy needs a classifier's predictions (categorical or Bernoulli likelihood); "
+            f"these are of the {kind or 'custom'} likelihood: score them with nll(y)"
+        )
 
     def nll(self, y: Tensor) -> float:
-        """Mean over rows of ``-log mean[row, y_row]``: the negative log posterior-predictive
-        probability of the observed classes, in nats (the score a step-size tuning minimises
-        on validation data, README "Use it on your own model"). A probability that underflowed
-        to 0 counts as the dtype's smallest positive number, so the score stays finite."""
-        picked = self.mean.gather(-1, self._labels(y).unsqueeze(-1)).squeeze(-1)
-        return float(-picked.clamp_min(torch.finfo(picked.dtype).tiny).log().double().mean())
+        """The negative log posterior-predictive probability (density) of the observed
+        targets, in nats, averaged over them: the score a step-size tuning minimises on
+        validation data (README "Use it on your own model").
+
+        The posterior predictive is the mixture over the ``N = S * K`` draws:
+
+        * categorical: ``-log mean[row, y_row]``, averaged over rows; a probability that
+          underflowed to 0 counts as the dtype's smallest positive number;
+        * Bernoulli: ``-log (1/N) sum_n p_n(y)`` for each 0/1 target, with
+          ``p_n(1) = sigmoid(logit_n)``, computed as a ``logsumexp`` of log-sigmoids (padding
+          frames of a sequence, marked ``-1``, are left out);
+        * gaussian: ``-log (1/N) sum_n N(y; mean_n, noise_std^2)`` for each target value (a
+          ``logsumexp`` over draws).
+
+        Raises:
+            ValueError: ``y`` does not fit the predictions (the message says how), or the
+                likelihood is custom (its predictive is unknown here).
+        """
+        kind = self.kind
+        if kind == "categorical":
+            picked = self.mean.gather(-1, self._labels(y).unsqueeze(-1)).squeeze(-1)
+            return float(-picked.clamp_min(torch.finfo(picked.dtype).tiny).log().double().mean())
+        n_draws = self.draws.shape[0] * self.draws.shape[1]
+        if kind in _BERNOULLI:
+            y, valid = self._binary_targets(y)
+            positive = y > 0.5
+            if self.logits is not None:
+                logits = self.logits.flatten(0, 1).reshape(n_draws, *y.shape).double()
+                log_p = F.logsigmoid(torch.where(positive, logits, -logits))
+            else:
+                probs = self.draws.flatten(0, 1).reshape(n_draws, *y.shape).double()
+                picked = torch.where(positive, probs, 1.0 - probs)
+                log_p = picked.clamp_min(torch.finfo(self.draws.dtype).tiny).log()
+            per_target = torch.logsumexp(log_p, 0) - math.log(n_draws)
+            return float(-per_target[valid].mean())
+        if kind == "gaussian":
+            if self.noise_std is None:
+                raise ValueError("a gaussian Predictive needs its noise_std to score targets")
+            y = self._real_targets(y)
+            means = self.draws.flatten(0, 1).reshape(n_draws, *y.shape).double()
+            z = (y.double() - means) / self.noise_std
+            log_p = -0.5 * z * z - math.log(self.noise_std) - 0.5 * math.log(2 * math.pi)
+            return float(-(torch.logsumexp(log_p, 0) - math.log(n_draws)).mean())
+        raise ValueError(
+            "nll needs a built-in likelihood (categorical, bernoulli, bernoulli_sequence or "
+            "gaussian); the predictive of a custom likelihood is not known here"
+        )
 
     def _labels(self, y: Tensor) -> Tensor:
         """``y`` checked as the class labels of the summarised rows (categorical only)."""
-        if self.entropy is None:
-            raise ValueError("class labels need a categorical likelihood's class probabilities")
         y = torch.as_tensor(y, device=self.mean.device)
         rows, n_classes = tuple(self.mean.shape[:-1]), self.mean.shape[-1]
         if tuple(y.shape) != rows:
@@ -118,6 +201,41 @@ class Predictive:
         if y.is_floating_point() or y.is_complex() or ((y < 0) | (y >= n_classes)).any():
             raise ValueError(f"y must hold integer class labels in [0, {n_classes})")
         return y.long()
+
+    def _target_shape(self, y: Tensor) -> tuple[int, ...]:
+        """The shape ``y`` must have: the predictions', or without a trailing 1 (a ``(B, 1)``
+        head with ``(B,)`` targets)."""
+        shape = tuple(self.mean.shape)
+        if tuple(y.shape) == shape or (shape[-1:] == (1,) and tuple(y.shape) == shape[:-1]):
+            return tuple(y.shape)
+        raise ValueError(f"y must have shape {shape}, got {tuple(y.shape)}")
+
+    def _binary_targets(self, y: Tensor) -> tuple[Tensor, Tensor]:
+        """``y`` checked as 0/1 targets, and where they count (not a padding frame)."""
+        y = torch.as_tensor(y, device=self.mean.device)
+        self._target_shape(y)
+        if y.is_complex() or not bool(torch.isfinite(y.double()).all()):
+            raise ValueError("y must hold 0/1 targets")
+        if self.kind == "bernoulli_sequence" and y.ndim >= 2:
+            valid = (y >= 0).all(-1, keepdim=True).expand(y.shape)
+        else:
+            valid = torch.ones_like(y, dtype=torch.bool)
+        if not bool(((y[valid] == 0) | (y[valid] == 1)).all()):
+            raise ValueError(
+                "y must hold 0/1 targets"
+                + (" (frames of -1 are padding)" if self.kind == "bernoulli_sequence" else "")
+            )
+        if not bool(valid.any()):
+            raise ValueError("y holds no targets to score (every frame is padding)")
+        return y, valid
+
+    def _real_targets(self, y: Tensor) -> Tensor:
+        """``y`` checked as real-valued targets of the predictions."""
+        y = torch.as_tensor(y, device=self.mean.device)
+        self._target_shape(y)
+        if y.is_complex() or not bool(torch.isfinite(y.double()).all()):
+            raise ValueError("y must hold finite real targets")
+        return y
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,16 +456,31 @@ class BayesianModel:
             )
         samples = theta.unsqueeze(0) if theta.ndim == 2 else theta
         x = self.x if x is None else x
+        kind = self.likelihood if isinstance(self.likelihood, str) else None
+        predictions, logits = [], []
         with torch.no_grad():
             # One vmapped forward per kept sample bounds memory at K * B outputs.
-            draws = torch.stack([self._prediction(self.forward(row, x)) for row in samples])
+            for row in samples:
+                outputs = self.forward(row, x)
+                predictions.append(self._prediction(outputs))
+                if kind in _BERNOULLI:
+                    logits.append(outputs)
+        draws = torch.stack(predictions)
         flat = draws.flatten(0, 1)
         mean = flat.mean(0)
         std = flat.std(0) if flat.shape[0] > 1 else torch.zeros_like(mean)
         entropy = None
         if self.likelihood == "categorical":
             entropy = -(mean * mean.clamp_min(1e-30).log()).sum(-1)
-        return Predictive(draws, mean, std, entropy)
+        return Predictive(
+            draws,
+            mean,
+            std,
+            entropy,
+            likelihood=kind,
+            noise_std=self.noise_std if kind == "gaussian" else None,
+            logits=torch.stack(logits) if logits else None,
+        )
 
     def _prediction(self, outputs: Tensor) -> Tensor:
         """What one draw's outputs predict for ``y`` (see :class:`Predictive`)."""

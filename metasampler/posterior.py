@@ -4,9 +4,18 @@
 computed by :mod:`metasampler.diagnostics`) of every parameter and, for a
 :class:`~metasampler.BayesianModel`, of every posterior-predictive quantity (the class
 probabilities of each example, ...). It warns with :class:`ConvergenceWarning` when R-hat is
-high. For a neural network the warning looks at the predictions, not the weights: hidden units
-can be permuted without changing the function, so chains started apart sit in different but
-equivalent weight modes and weight R-hat stays far above 1 even when the predictions agree.
+high, looking at what is identifiable:
+
+* For a neural network (a hidden layer: outputs nonlinear in the parameters), the warning
+  looks at the predictions, not the weights: hidden units can be permuted (and signs flipped)
+  without changing the function, so chains started apart sit in different but equivalent
+  weight modes and weight R-hat stays far above 1 even when the predictions agree.
+* For a model whose outputs are affine in its parameters (a linear or logistic regression,
+  softmax regression, regression on fixed features) with a built-in likelihood, the
+  log-likelihood is concave in the parameters and the prior Gaussian, so the posterior is
+  log-concave: one mode, no equivalent copies. Chains that disagree on the parameters have
+  not mixed even where the predictions on the data hardly differ, so the warning looks at
+  the parameters.
 
 :func:`to_inference_data` converts a run to ArviZ's ``InferenceData`` (an optional extra:
 ``pip install "metasampler[arviz]"``), swapping ``(samples, chains)`` to ArviZ's
@@ -15,6 +24,7 @@ equivalent weight modes and weight R-hat stays far above 1 even when the predict
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,9 +34,21 @@ import torch
 from torch import Tensor
 
 from . import diagnostics
-from .bayesian import BayesianModel
+from .bayesian import BayesianModel, ParamSpec
 
-__all__ = ["ConvergenceWarning", "Summary", "summary", "to_inference_data"]
+__all__ = [
+    "ConvergenceWarning",
+    "Summary",
+    "WATCH_CHOICES",
+    "outputs_affine_in_parameters",
+    "summary",
+    "to_inference_data",
+]
+
+#: What :func:`summary`'s warning can look at.
+WATCH_CHOICES = ("auto", "parameters", "predictions")
+# The built-in likelihoods, each concave in the module's outputs.
+_LOG_CONCAVE = ("categorical", "gaussian", "bernoulli", "bernoulli_sequence")
 
 #: The classic rule of thumb (Gelman et al., Bayesian Data Analysis, 3rd ed., §11.4). The
 #: warning looks at the largest R-hat of many quantities (every class probability of every
@@ -99,6 +121,7 @@ def summary(
     *,
     rhat_threshold: float = RHAT_THRESHOLD,
     warn: bool = True,
+    watch: str = "auto",
 ) -> Summary:
     """ESS and R-hat of the parameters and, for a ``BayesianModel``, of its predictions.
 
@@ -107,13 +130,25 @@ def summary(
         x: inputs for the predictions (default: the model's training inputs).
         rhat_threshold: warn when the largest watched R-hat exceeds it.
         warn: set ``False`` to only return the numbers.
+        watch: which R-hat the warning looks at. ``"auto"`` (default): the parameters of a
+            target that is not a ``BayesianModel``, and of a ``BayesianModel`` with a built-in
+            likelihood whose module's outputs are affine in the parameters (a regression
+            without hidden layers: its posterior is log-concave, so the parameters are
+            identified); the predictions otherwise (hidden layers, whose permuted units give
+            equivalent weight modes, or a custom likelihood). Affinity is checked
+            numerically: the outputs on (up to 64 of) the inputs, in float64, at the
+            posterior mean and at unit steps along two fixed random directions, must have
+            zero second differences. ``"parameters"`` or ``"predictions"`` choose directly.
 
     Returns:
-        A :class:`Summary`; ``print`` it for a table.
+        A :class:`Summary` (its ``watched`` says which was watched); ``print`` it for a table.
+
+    Raises:
+        ValueError: too few samples; ``watch`` not one of :data:`WATCH_CHOICES`; or
+            ``watch="predictions"`` for a target that is not a ``BayesianModel``.
 
     Warns:
-        ConvergenceWarning: R-hat above ``rhat_threshold`` for the predictions (a
-        ``BayesianModel``) or the parameters (any other target).
+        ConvergenceWarning: the largest watched R-hat is above ``rhat_threshold``.
     """
     theta = result.theta
     if theta.ndim != 3 or theta.shape[0] < 4:
@@ -121,18 +156,31 @@ def summary(
             "summary needs at least 4 kept samples per chain (result.theta of shape "
             f"(S >= 4, K, D)), got {tuple(theta.shape)}; lower thin or burn_in"
         )
+    if watch not in WATCH_CHOICES:
+        raise ValueError(f"watch must be one of {WATCH_CHOICES}, got {watch!r}")
+    target = result.target
+    is_model = isinstance(target, BayesianModel)
+    if watch == "predictions" and not is_model:
+        raise ValueError(
+            "watch='predictions' needs a BayesianModel target (its predictions); this run's "
+            f"target is {type(target).__name__}"
+        )
     # One definition of ESS / R-hat: metasampler.diagnostics (bulk ESS as ArviZ's az.ess).
     param_ess = diagnostics.ess(theta, rank_normalize=True)
     param_rhat = diagnostics.split_rhat(theta, rank_normalize=True)
     pred_ess = pred_rhat = None
-    target = result.target
-    if isinstance(target, BayesianModel):
+    if is_model:
         draws = target.predict(theta, x).draws  # (S, K, B, ...)
         per_quantity = draws.reshape(draws.shape[0], draws.shape[1], -1)
         pred_ess = diagnostics.ess(per_quantity, rank_normalize=True).reshape(draws.shape[2:])
         pred_rhat = diagnostics.split_rhat(per_quantity, rank_normalize=True).reshape(
             draws.shape[2:]
         )
+    if watch == "auto":
+        identified = not is_model or (
+            target.likelihood in _LOG_CONCAVE and outputs_affine_in_parameters(target, theta, x)
+        )
+        watch = "parameters" if identified else "predictions"
     report = Summary(
         param_ess,
         param_rhat,
@@ -140,17 +188,71 @@ def summary(
         pred_rhat,
         n_draws=theta.shape[0],
         n_chains=theta.shape[1],
-        watched="predictions" if pred_rhat is not None else "parameters",
+        watched=watch,
     )
     if warn and report.max_rhat > rhat_threshold:
+        where = ""
+        if watch == "parameters" and is_model and np.isfinite(param_rhat).any():
+            where = f" (largest for {_parameter_name(target.spec, int(np.nanargmax(param_rhat)))})"
         warnings.warn(
             f"R-hat of the {report.watched} is up to {report.max_rhat:.2f} (> "
-            f"{rhat_threshold}): the {report.n_chains} chains have not converged to the same "
-            "distribution; run longer (more steps or burn-in) before trusting the results",
+            f"{rhat_threshold}){where}: the {report.n_chains} chains have not converged to the "
+            "same distribution; run longer (more steps or burn-in) before trusting the results",
             ConvergenceWarning,
             stacklevel=2,
         )
     return report
+
+
+def outputs_affine_in_parameters(
+    model: BayesianModel, theta: Tensor, x: Tensor | None = None
+) -> bool:
+    """Whether ``model``'s outputs on ``x`` are an affine function of its parameters (a model
+    without hidden layers), checked numerically.
+
+    The module, in float64, is evaluated on up to 64 rows of ``x`` (default: the training
+    inputs) at the mean of ``theta`` (``(S, K, D)`` or ``(K, D)``), at unit steps ``±u``,
+    ``±v`` along two fixed random directions and at ``+u+v``; every second difference must
+    vanish (to ``1e-6`` of the outputs' size). A module that fails in float64 counts as not
+    affine.
+    """
+    rows = (model.x if x is None else x)[:64]
+    rows = rows.to(model.device, torch.float64) if rows.is_floating_point() else rows
+    center = theta.detach().reshape(-1, theta.shape[-1]).double().mean(0).cpu()
+    u, v = torch.randn(
+        2, center.shape[0], generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )
+    points = torch.stack([center, center + u, center - u, center + v, center - v, center + u + v])
+    try:
+        module = copy.deepcopy(model.module).to(device=model.device, dtype=torch.float64)
+        buffers = dict(module.named_buffers())
+        spec: ParamSpec = model.spec
+        with torch.no_grad():
+            outputs = torch.stack(
+                [
+                    torch.func.functional_call(
+                        module, (spec.unflatten(point.to(model.device)), buffers), (rows,)
+                    )
+                    for point in points
+                ]
+            )
+    except Exception:  # (a module that cannot run so: not known to be affine)
+        return False
+    if not bool(torch.isfinite(outputs).all()):
+        return False
+    f0, fu, fmu, fv, fmv, fuv = outputs
+    second = torch.stack([fu + fmu - 2 * f0, fv + fmv - 2 * f0, fuv - fu - fv + f0])
+    return float(second.abs().max()) <= 1e-6 * float(outputs.abs().max())
+
+
+def _parameter_name(spec: ParamSpec, index: int) -> str:
+    """The module's name for entry ``index`` of the flat vector, e.g. ``0.weight[1, 2]``."""
+    layout = zip(spec.names, spec.shapes, spec.offsets, spec.numels, strict=True)
+    for name, shape, offset, numel in layout:
+        if offset <= index < offset + numel:
+            position = np.unravel_index(index - offset, tuple(shape)) if len(shape) else ()
+            return f"{name}[{', '.join(str(int(i)) for i in position)}]" if position else name
+    return f"theta[{index}]"
 
 
 def to_inference_data(result: SampleResult) -> Any:

@@ -24,17 +24,17 @@ def _result(theta: torch.Tensor, target) -> SampleResult:
     return SampleResult(theta, torch.zeros(s, k), torch.arange(1, s + 1), None, target)
 
 
-class SumLogit(nn.Module):
-    """Logits ``((a + b) x, 0)``: only ``a + b`` matters, so ``a`` and ``b`` are not identified
-    (like permuted hidden units of a network)."""
+class ProductLogit(nn.Module):
+    """Logits ``(a b x, 0)``: ``(a, b)`` and ``(-a, -b)`` give the same function, so the sign
+    is not identified (like the signs and order of a network's hidden units)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.a = nn.Parameter(torch.zeros(()))
-        self.b = nn.Parameter(torch.zeros(()))
+        self.a = nn.Parameter(torch.ones(()))
+        self.b = nn.Parameter(torch.ones(()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logit = (self.a + self.b) * x[:, 0]
+        logit = self.a * self.b * x[:, 0]
         return torch.stack([logit, torch.zeros_like(logit)], -1)
 
 
@@ -102,7 +102,7 @@ def test_predict_averages_softmax_over_samples_and_chains():
     assert reg.predict(theta, x).entropy is None
     with pytest.raises(ValueError, match="categorical"):
         reg.predict(theta, x).accuracy(y)
-    with pytest.raises(ValueError, match="categorical"):
+    with pytest.raises(ValueError, match=r"y must have shape \(20, 4\)"):  # (real targets)
         reg.predict(theta, x).nll(y)
     with pytest.raises(ValueError, match=r"\(S, K, D\)"):
         model.predict(theta[0, 0], x)
@@ -145,15 +145,15 @@ def test_summary_warns_on_disagreeing_chains_and_not_on_agreeing_ones():
 def test_summary_of_a_network_watches_the_predictions_not_the_unidentified_weights():
     gen = torch.Generator().manual_seed(1)
     x = torch.linspace(-2, 2, 9).unsqueeze(-1)
-    model = ms.BayesianModel(SumLogit(), (x, (x[:, 0] > 0).long()), likelihood="categorical")
-    total = 1.0 + 0.3 * torch.randn(400, 4, generator=gen)  # a + b: the same in every chain
-    split = torch.arange(4.0).view(1, 4) * 3.0  # how a + b is split: a different mode per chain
-    theta = torch.stack([split + total / 2, total / 2 - split], -1)
+    model = ms.BayesianModel(ProductLogit(), (x, (x[:, 0] > 0).long()), likelihood="categorical")
+    product = (1.0 + 0.3 * torch.randn(400, 4, generator=gen)).abs()  # a b: alike in all chains
+    sign = torch.tensor([1.0, -1.0, 1.0, -1.0])  # the sign: a different mode per chain
+    theta = torch.stack([sign * product.sqrt(), sign * product.sqrt()], -1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         report = ms.summary(_result(theta, model))
     assert report.watched == "predictions"
-    assert np.nanmax(report.param_rhat) > 2 and report.max_rhat < 1.1
+    assert np.nanmax(report.param_rhat) > 1.5 and report.max_rhat < 1.1
     assert report.pred_ess.shape == report.pred_rhat.shape == (9, 2)
     assert "predictions" in str(report) and "parameters" in str(report)
     # Chains whose predictions disagree do warn.

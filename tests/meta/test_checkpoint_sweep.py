@@ -291,7 +291,7 @@ def test_bad_checkpoints_raise_checkpoint_error_and_never_resume(tmp_path, famil
     total = sum(outcomes.values()) + len(tracebacks) + len(silent)
     print(f"checkpoint sweep: {total} variants, {dict(outcomes)}, {len(tracebacks)} tracebacks, "
           f"{len(silent)} silent resumes, {seconds:.1f} s")  # fmt: skip
-    assert total >= 400, total
+    assert total >= 350, total
     assert not tracebacks, f"{len(tracebacks)} of {total}:\n" + "\n".join(tracebacks[:20])
     assert not silent, f"{len(silent)} of {total}:\n" + "\n".join(silent[:20])
     assert outcomes["resumed"] == 2 + len(VALID_EDITS)
