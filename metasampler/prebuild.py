@@ -74,7 +74,8 @@ def prebuild(names: Sequence[str] = RECOMMENDED, threads: int | None = None) -> 
 
     The builds run in parallel child processes; each sampler is then run for two steps that
     must load its package. (With ``METASAMPLER_COMPILE=0`` in the environment the builds run
-    one after another.)
+    one after another.) A package that another process is building already (its lock in the
+    cache directory is held) is waited for, not built twice.
 
     Args:
         names: shipped sampler names or sampler file paths (as :func:`load_sampler` takes).

@@ -15,6 +15,6 @@ def empty_package_registries(patch: pytest.MonkeyPatch, cache: Path | None = Non
 
     if cache is not None:
         patch.setenv(aot.CACHE_ENV, str(cache))
-    for name in ("_RUNNERS", "_BUILDS"):
+    for name in ("_RUNNERS", "_BUILDS", "_WAITING", "_STARTING_LOCK"):
         patch.setattr(aot, name, {})
     patch.setattr(aot, "_FAILED", set())

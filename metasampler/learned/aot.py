@@ -14,8 +14,18 @@ versions and a hash of the source files whose code it contains, so an upgrade ne
 stale kernel.
 Packages live in ``$METASAMPLER_CACHE_DIR`` (default ``~/.cache/metasampler/compiled``). The
 SHA-256 written beside each one is checked before loading: a truncated or altered file is
-deleted and rebuilt, never loaded. A child still building when the user's script ends finishes
-its package for the next run.
+deleted and rebuilt, never loaded.
+
+One build per configuration per machine: a build holds an exclusive lock on ``<key>.lock`` in
+the cache directory (``fcntl.flock``; the system releases it when the build ends or is
+killed). A process that finds the lock held says that another process is compiling, runs
+eager steps meanwhile and loads the package once the lock is released (``compile=True``
+waits for it); it never starts a second build. If that build ended without a package
+(killed), the next process to look takes the lock and builds; if it failed (it leaves
+``<key>.failed``), the step stays eager with the reason from its log. A process forked while
+its parent builds treats that build as another process's. A build outlives the process that
+started it: when the user's script ends first, the build finishes its package, which the
+next process loads (:func:`stop_builds` ends this process's builds instead).
 
 :func:`main` builds one package from ``SPEC_JSON PACKAGE`` (what the child runs).
 """
@@ -31,6 +41,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +54,11 @@ from torch import Tensor
 from ..files import atomic_write_text
 from .equations import SCALARS, StepArgs, StepConfig, nnsghmc_update
 from .vector_division import fast_float_division
+
+try:
+    import fcntl
+except ImportError:  # (not POSIX: builds are not coordinated across processes)
+    fcntl = None
 
 __all__ = [
     "KernelSpec", "cache_dir", "call_flat", "flat_inputs", "run", "step_from_flat", "stop_builds",
@@ -365,6 +381,12 @@ def build(spec: KernelSpec, package: Path, shortcuts: bool = True) -> None:
 _RUNNERS: dict[str, Callable] = {}
 _BUILDS: dict[str, subprocess.Popen] = {}
 _FAILED: set[str] = set()
+# Configurations whose package another process is building: key -> (when to look again, the
+# package's path).
+_WAITING: dict[str, tuple[float, Path]] = {}
+_POLL_SECONDS = 0.25
+# The lock handle held while a build is being started (see `_claim`): the build inherits it.
+_STARTING_LOCK: dict[Path, int] = {}
 
 
 def cache_dir() -> Path:
@@ -421,14 +443,20 @@ def _child_command(
 
 
 def start_child(
-    entry: str, argv: list[str], log: Path, skip_teardown: bool = False
+    entry: str,
+    argv: list[str],
+    log: Path,
+    skip_teardown: bool = False,
+    pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen:
     """:func:`_child_command`'s process, started in the background, its output written to
-    ``log``."""
+    ``log``; ``pass_fds`` stay open in it (a build's lock)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     command, env = _child_command(entry, argv, skip_teardown)
     with log.open("w") as out:  # (the child keeps its own handle)
-        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, pass_fds=pass_fds
+        )
 
 
 def _start(spec: KernelSpec, package: Path) -> subprocess.Popen:
@@ -439,16 +467,107 @@ def _start(spec: KernelSpec, package: Path) -> subprocess.Popen:
         file=sys.stderr,
     )
     log = package.with_suffix(".log")
-    return start_child("aot.main", [spec.to_json(), str(package)], log, skip_teardown=True)
+    lock = _STARTING_LOCK.get(package)  # (held by the build until it exits)
+    return start_child(
+        "aot.main", [spec.to_json(), str(package)], log, skip_teardown=True,
+        pass_fds=() if lock is None else (lock,),
+    )  # fmt: skip
+
+
+def _lock_path(package: Path) -> Path:
+    return package.with_suffix(".lock")
+
+
+def _failed_path(package: Path) -> Path:
+    return package.with_suffix(".failed")
+
+
+def _take_lock(package: Path, block: bool):
+    """An open handle holding ``package``'s build lock; ``None`` while another process holds
+    it (``block=False``). Where the file system cannot lock, the handle holds nothing."""
+    handle = open(_lock_path(package), "a+b")  # noqa: SIM115 (closed by the caller)
+    if fcntl is None:
+        return handle
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+    except BlockingIOError:
+        handle.close()
+        return None
+    except OSError:  # (e.g. a file system without locks: uncoordinated, as without fcntl)
+        pass
+    return handle
+
+
+def _build_failure(package: Path) -> str:
+    """Why the last build of ``package`` failed, from its log."""
+    log = package.with_suffix(".log")
+    tail = log.read_text(errors="replace")[-400:].strip() if log.exists() else ""
+    return f"{log}: ...{tail}"
+
+
+def _claim(spec: KernelSpec, key: str, package: Path, wait: bool) -> Callable | None:
+    """Take the configuration's build lock and start its build (``None``; the build inherits
+    the lock); or, while another process holds the lock, return ``None`` (``wait=False``:
+    eager steps meanwhile) or wait for it (``wait=True``). Once the lock is free, the package
+    that build left is loaded, or its failure reported."""
+    if not wait and key in _WAITING and time.monotonic() < _WAITING[key][0]:
+        return None  # (looked a moment ago)
+    try:
+        package.parent.mkdir(parents=True, exist_ok=True)
+        handle = _take_lock(package, block=False)
+        if handle is None:
+            if key not in _WAITING:
+                print(
+                    "metasampler: another process is compiling the NNSGHMC step for this "
+                    f"configuration ({_lock_path(package)} is locked); "
+                    + ("waiting for it" if wait else "eager steps run meanwhile, and its "
+                       "package is loaded when it is ready"),
+                    file=sys.stderr,
+                )  # fmt: skip
+            _WAITING[key] = (time.monotonic() + _POLL_SECONDS, package)
+            if not wait:
+                return None
+            handle = _take_lock(package, block=True)
+    except OSError as err:  # e.g. a read-only cache directory: stay eager
+        _fail(key, f"cannot start the build in {package.parent}: {err}", depth=5)
+        return None
+    with handle:  # (closing it releases the lock, unless a build started below inherited it)
+        waited = _WAITING.pop(key, None) is not None
+        if _intact(package):
+            return _load(key, package)
+        if waited and _failed_path(package).exists():
+            _fail(key, f"the build by another process failed; {_build_failure(package)}", 5)
+            return None
+        _failed_path(package).unlink(missing_ok=True)
+        _STARTING_LOCK[package] = handle.fileno()
+        try:
+            _BUILDS[key] = _start(spec, package)
+        except OSError as err:
+            _fail(key, f"cannot start the build in {package.parent}: {err}", depth=5)
+        finally:
+            _STARTING_LOCK.pop(package, None)
+    return None
+
+
+def _forget_parent_builds() -> None:
+    """In a forked child: the parent's builds are not this process's children (it cannot wait
+    for them), so their packages are looked for as another process's."""
+    for key in list(_BUILDS):
+        _WAITING[key] = (0.0, cache_dir() / f"{key}.pt2")
+    _BUILDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_builds)
 
 
 #: The start of the warning a step gives when its compiled step cannot be used.
 UNAVAILABLE = "NNSGHMC: the compiled step is unavailable"
 
 
-def _fail(key: str, why: str) -> None:
+def _fail(key: str, why: str, depth: int = 4) -> None:
     _FAILED.add(key)
-    warnings.warn(f"{UNAVAILABLE} ({why}); using the eager step", stacklevel=4)
+    warnings.warn(f"{UNAVAILABLE} ({why}); using the eager step", stacklevel=depth)
 
 
 def _without_device_comparison() -> contextlib.AbstractContextManager:
@@ -480,15 +599,13 @@ def _runner(spec: KernelSpec, wait: bool) -> Callable | None:
     if key in _RUNNERS or key in _FAILED:
         return _RUNNERS.get(key)
     package = cache_dir() / f"{key}.pt2"
-    build_proc = _BUILDS.get(key)
-    if build_proc is None:
-        if _intact(package):
+    if key not in _BUILDS:
+        if key not in _WAITING and _intact(package):
             return _load(key, package)
-        try:
-            build_proc = _BUILDS[key] = _start(spec, package)
-        except OSError as err:  # e.g. a read-only cache directory: stay eager
-            _fail(key, f"cannot start the build in {package.parent}: {err}")
-            return None
+        runner = _claim(spec, key, package, wait)  # (one build per configuration per machine)
+        if key not in _BUILDS:
+            return runner
+    build_proc = _BUILDS[key]
     if wait:
         build_proc.wait()
     if build_proc.poll() is None:
@@ -527,7 +644,8 @@ def leaving_a_core_to_builds() -> Iterator[None]:
     (the build compiles on one core): OpenMP threads spinning against it on a busy core made an
     eager step 3x slower (2 cores, 784-40-40-10 MLP: 450-560 ms against 150-200 ms)."""
     threads = torch.get_num_threads()
-    if threads < 2 or all(build_proc.poll() is not None for build_proc in _BUILDS.values()):
+    building = _WAITING or any(build_proc.poll() is None for build_proc in _BUILDS.values())
+    if threads < 2 or not building:
         yield
         return
     torch.set_num_threads(threads - 1)
@@ -538,9 +656,22 @@ def leaving_a_core_to_builds() -> Iterator[None]:
 
 
 def wait_for_builds(timeout: float | None = None) -> None:
-    """Block until every background build has finished."""
+    """Block until every background build this process started, or waits for in another
+    process, has finished (``timeout``: seconds for each).
+
+    Raises:
+        subprocess.TimeoutExpired: a build still runs after ``timeout`` seconds.
+    """
     for build_proc in list(_BUILDS.values()):
         build_proc.wait(timeout)
+    for key, (_, package) in list(_WAITING.items()):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (handle := _take_lock(package, block=deadline is None)) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"the build of {package}", timeout)
+            time.sleep(_POLL_SECONDS)
+        handle.close()
+        _WAITING[key] = (0.0, package)  # (the next step loads it)
 
 
 def stop_builds() -> None:
@@ -572,7 +703,10 @@ def main(argv: list[str]) -> int:
             raise
         print(f"{RETRY_NOTICE}: {type(err).__name__}: {str(err)[:400]}", flush=True)
         command, env = _child_command("aot.main", [*args, NO_SHORTCUTS])
-        return subprocess.run(command, env=env).returncode  # (into this child's log)
+        returncode = subprocess.run(command, env=env).returncode  # (into this child's log)
+        if returncode != 0:  # (processes waiting for this build report it, not rebuild)
+            _failed_path(Path(args[1])).write_text(f"exit status {returncode}\n")
+        return returncode
     return 0
 
 
