@@ -114,8 +114,8 @@ def load_checksummed(
         # (torch's own message suggests weights_only=False: never for a file that may be
         # altered, since unpickling arbitrary objects runs code)
         raise CorruptFileError(
-            f"{path} holds objects other than tensors, containers and plain values, which "
-            "metasampler never writes; not loaded"
+            f"{path} holds objects other than tensors, containers and plain values "
+            "(metasampler never writes such files)"
         ) from None
     except Exception as err:  # truncated / not such a file
         raise CorruptFileError(f"{path} is not readable: {_reason(err)}") from None
