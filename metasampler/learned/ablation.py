@@ -79,14 +79,15 @@ def with_constant_nets(sampler: NNSGHMC, means: dict[str, float]) -> NNSGHMC:
 
 
 def stored_net_means(path: str | Path) -> dict[str, float]:
-    """The ``net_means`` a sampler file's provenance holds (written by ``train_meta.py``).
+    """The ``net_means`` a sampler file's provenance holds (written by ``train_meta.py``);
+    ``path`` may name a shipped sampler.
 
     Raises:
         ValueError: the file stores none.
     """
-    from ..export import read_header  # (export imports this package)
+    from ..export import _sampler_file, read_header  # (export imports this package)
 
-    means = read_header(path)["provenance"].get("net_means")
+    means = read_header(_sampler_file(path))["provenance"].get("net_means")
     if not isinstance(means, dict):
         raise ValueError(
             f"{path} stores no net means (train_meta.py writes them into the files it trains)"

@@ -1,0 +1,214 @@
+"""The benchmark suite's one table and its figures.
+
+``python evaluate.py --suite configs/suite.yaml`` runs the toy Gaussian (:func:`toy_rows`) and
+every Bayesian-network task the suite lists (each an ``evaluate.py`` run at the suite's
+budget), then :func:`suite_table` puts them in one markdown table and :func:`plot_suite` /
+:func:`plot_toy_kl` draw the comparison. Every function here reads results only: the runs
+themselves are :func:`~metasampler.benchmark.gaussian.gaussian_benchmark` and
+:func:`~metasampler.benchmark.run_benchmark`.
+
+The verdict of a task compares the learned sampler's posterior-average NLL with every
+baseline that samples the posterior's temperature (its final chains' configurational
+temperature within :data:`TEMPERATURE_TOLERANCE` of 1): a sampler that runs cold can score a
+lower NLL by sampling a sharper distribution than the posterior, which is not what a sampler
+of the posterior should be compared on.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..diagnostics import cumulative_gaussian_kl, ess_beast_paper
+from ..samplers.base import Sampler
+from ..sampling import sample
+from .tables import format_mean_se
+
+__all__ = ["TEMPERATURE_TOLERANCE", "plot_suite", "plot_toy_kl", "suite_table", "toy_rows"]
+
+#: A baseline samples "at the posterior's temperature" when its final chains' temperature is
+#: within this of 1.
+TEMPERATURE_TOLERANCE = 0.1
+LEARNED = "nnsghmc"
+CONSTANT = "nnsghmc_constant"
+
+
+def _mean_se(values: Sequence[float]) -> dict[str, float]:
+    values = [float(v) for v in values]
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    return {"mean": statistics.fmean(values), "se": se, "n": len(values)}
+
+
+@torch.no_grad()
+def toy_rows(
+    samplers: Mapping[str, Callable[[], Sampler]],
+    task: Any,
+    seeds: Sequence[int],
+    n_chains: int = 50,
+    n_steps: int = 12_000,
+    grad_noise_std: float = 1.0,
+    curve_every: int = 250,
+) -> dict[str, dict[str, Any]]:
+    """Each sampler on the Gaussian ``task`` (the paper's toy protocol: chains from
+    ``U([0, 6]^D)``, no burn-in, gradient noise of ``grad_noise_std``), per seed: the KL of the
+    Gaussian fitted to all samples so far, every ``curve_every`` steps, and the ESS.
+
+    Returns ``{label: {"kl": mean_se, "ess": mean_se, "curve_steps": [...],
+    "curve": [mean KL ...]}}``.
+    """
+    target = task.target(grad_noise_std)
+    at = list(range(curve_every, n_steps + 1, curve_every))
+    rows = {}
+    for label, make in samplers.items():
+        curves, esses = [], []
+        for seed in seeds:
+
+            def init(generator: torch.Generator) -> torch.Tensor:
+                return 6.0 * torch.rand((n_chains, task.dim), generator=generator)
+
+            result = sample(make(), target, n_chains, n_steps, init=init, seed=seed, progress=False)
+            samples = result.theta.double()
+            curves.append(cumulative_gaussian_kl(samples, task.mean, task.cov, at=at))
+            esses.append(float(ess_beast_paper(samples)))
+        curve = np.mean(curves, axis=0)
+        rows[label] = {
+            "kl": _mean_se([c[-1] for c in curves]),
+            "ess": _mean_se(esses),
+            "curve_steps": at,
+            "curve": [float(v) for v in curve],
+        }
+    return rows
+
+
+def _verdict(methods: Mapping[str, Any]) -> str:
+    """Whether the learned sampler's posterior-average NLL is at or below every baseline's
+    that samples at temperature about 1."""
+    learned = methods.get(LEARNED)
+    if not learned or learned.get("error"):
+        return "no learned sampler"
+    mine = learned["summary"]["average_nll"]["mean"]
+    beaten_by = []
+    for key, entry in methods.items():
+        if key in (LEARNED, CONSTANT) or not entry.get("is_sampler") or entry.get("error"):
+            continue
+        temperature = entry["summary"].get("temperature", {}).get("mean", math.nan)
+        if abs(temperature - 1.0) > TEMPERATURE_TOLERANCE:
+            continue
+        if entry["summary"]["average_nll"]["mean"] < mine:
+            beaten_by.append(entry["label"])
+    return (
+        "**at or below every baseline at T ≈ 1**"
+        if not beaten_by
+        else ("behind " + ", ".join(beaten_by))
+    )
+
+
+def suite_table(
+    toy: Mapping[str, Mapping[str, Any]] | None,
+    tasks: Mapping[str, Mapping[str, Any]],
+    wall_seconds: float | None = None,
+) -> str:
+    """The suite's markdown table: the toy rows (KL at the last step, ESS) and, per task, every
+    method's posterior-average error and NLL, the final ensemble's NLL, its temperature and
+    ``prior var`` (``tasks``: ``{task name: results.json summary}``), with each task's
+    verdict."""
+    lines = []
+    if toy:
+        lines += [
+            "### Toy Gaussian (20-D, the paper's test protocol)",
+            "",
+            "| method | KL (last step) | ESS |",
+            "|---|---|---|",
+        ]
+        for label, row in toy.items():
+            kl, ess = format_mean_se(row["kl"], 1, 4), format_mean_se(row["ess"], 1, 1)
+            lines.append(f"| {label} | {kl} | {ess} |")
+        lines.append("")
+    for name, summary in tasks.items():
+        budget = summary["budget"]
+        lines += [
+            f"### {name}: {summary['task']}",
+            "",
+            f"{budget['n_chains']} chains × {budget['n_steps']} steps, seeds "
+            f"{summary['seeds']}; verdict: {_verdict(summary['methods'])}.",
+            "",
+            "| method | err % (avg) | NLL (avg) | NLL (ens) | temp | prior var | ms/step |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for entry in summary["methods"].values():
+            label = entry["label"] + ("" if entry.get("is_sampler") else " (optimiser)")
+            if entry.get("error"):
+                lines.append(f"| {label} | {entry['error']} | | | | | |")
+                continue
+            s = entry["summary"]
+            prior = entry.get("prior_variance")
+            cells = [
+                format_mean_se(s["average_error"], 100, 2),
+                format_mean_se(s["average_nll"], 1, 4),
+                format_mean_se(s["ensemble_nll"], 1, 4),
+                format_mean_se(s["temperature"], 1, 2) if "temperature" in s else "–",
+                "–" if prior is None or not math.isfinite(prior) else f"{prior:.2f}",
+                format_mean_se(s["seconds_per_step"], 1000, 1),
+            ]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if wall_seconds is not None:
+        lines.append(f"Wall time of the whole suite: {wall_seconds / 60:.0f} minutes.")
+    return "\n".join(lines)
+
+
+def plot_suite(tasks: Mapping[str, Mapping[str, Any]], path: str | Path) -> None:
+    """One panel per task: each sampler's posterior-average NLL and error with standard-error
+    bars (``path``: a PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(tasks)
+    fig, axes = plt.subplots(2, max(len(names), 1), figsize=(3.2 * max(len(names), 1), 6.4))
+    axes = np.asarray(axes).reshape(2, -1)
+    for col, name in enumerate(names):
+        keyed = [(k, e) for k, e in tasks[name]["methods"].items() if not e.get("error")]
+        entries = [e for _, e in keyed]
+        labels = [e["label"] for e in entries]
+        for row, (metric, scale, title) in enumerate(
+            (("average_nll", 1, "NLL (avg)"), ("average_error", 100, "error % (avg)"))
+        ):
+            ax = axes[row, col]
+            means = [e["summary"][metric]["mean"] * scale for e in entries]
+            errors = [np.nan_to_num(e["summary"][metric]["se"]) * scale for e in entries]
+            colors = ["tab:red" if k == LEARNED else "tab:orange" if k == CONSTANT else "tab:gray"
+                      for k, _ in keyed]  # fmt: skip
+            ax.barh(range(len(entries)), means, xerr=errors, color=colors)
+            ax.set_yticks(range(len(entries)), labels if col == 0 else [""] * len(entries))
+            ax.set_xlim(min(means) * 0.97, max(means) * 1.02)
+            ax.set_title(f"{name}: {title}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_toy_kl(toy: Mapping[str, Mapping[str, Any]], path: str | Path) -> None:
+    """The toy Gaussian's KL over steps, one curve per sampler (log scale; ``path``: a PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for label, row in toy.items():
+        ax.plot(row["curve_steps"], row["curve"], label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("KL of the fitted Gaussian (all samples so far)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
