@@ -43,7 +43,7 @@ class ConfigError(ValueError):
 class PoolSpan(str, Enum):
     """What the in-chain pool of positions spans (see ``metasampler.meta.schedule``)."""
 
-    window = "window"  # cleared after every BPTT window (the recipe before issue #11)
+    window = "window"  # cleared after every BPTT window
     segment = "segment"  # the whole segment: one Stein estimate over all its pooled samples
     # the segment, plus the (detached) pooled samples of the epoch's earlier segments in the
     # Stein estimate: with continue_chains the pool spans the chains' whole run
@@ -81,7 +81,7 @@ class TrainConfig:
     grad_clip: float = 10.0  # max global norm of the meta-gradient; 0 disables (paper)
     # Truncation schedule (metasampler/meta/schedule.py). A segment is the
     # `steps_per_sub_epoch` steps of one sub-epoch; the graph is cut every `unroll` steps.
-    # The defaults are the recipe before issue #11; the paper's toy schedule is
+    # The defaults cut each window on its own; the paper's toy schedule is
     # accumulate=true, step_per_loss=true, continue_chains=true, in_chain_span=segment.
     accumulate: bool = False  # true: sum the windows' gradients, step once per segment
     step_per_loss: bool = False  # true: one optimiser step per loss (cross, then in-chain)

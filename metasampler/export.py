@@ -35,7 +35,7 @@ nothing in it is pickled, so loading a file from an untrusted source cannot run 
   bytes, so any change to the file is detected (``metasampler/sampler_file.py`` defines it
   and every check). Files of earlier format versions hold samplers of an earlier design and
   are refused with a :class:`SamplerFileError` that says how to replace them
-  (``docs/sampler_files.md``).
+  (the changelog of 0.2.0).
 
 :func:`save_sampler` (:mod:`metasampler.sampler_write`) writes through a temporary file in the
 target directory and ``os.replace``, so an interrupted save leaves either the old file or

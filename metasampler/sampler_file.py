@@ -287,7 +287,7 @@ def _check_version(path: Path, version: Any, versions: tuple[int, ...], current:
             ": it holds a sampler of an earlier NNSGHMC design that this release does not "
             "build. Re-train it with train_meta.py (configs/ holds the shipped samplers' "
             "recipes), load a shipped sampler by name (metasampler.pretrained_samplers()), or "
-            "keep using the release that wrote it (docs/sampler_files.md)"
+            "keep using the release that wrote it (CHANGELOG.md, 0.2.0)"
         )
     else:
         hint = ""

@@ -45,7 +45,7 @@ FORMAT = "metasampler.nnsghmc"
 #: The format version written.
 FORMAT_VERSION = 10
 #: Format versions read: only the current one (older files hold samplers of an earlier design;
-#: ``docs/sampler_files.md`` says how to replace them).
+#: the changelog of 0.2.0 says how to replace them).
 READABLE_VERSIONS = (10,)
 #: The safetensors metadata key holding the JSON header.
 HEADER_KEY = "metasampler"

@@ -225,7 +225,7 @@ def compile_unavailable(device: torch.device) -> str | None:
 # Chains x coordinates from which meta-training compiles its steps by default (a CPU with a
 # compiler). configs/mnist_mlp.yaml (784-20-10 MLP, 10 chains: 159,000) trained 8 epochs in
 # 97 s eagerly and 57 s compiled with warm caches; cold, the compiles add ~65 s, repaid after
-# ~2,700 steps, and its 24 epochs run 4,800 (BENCHMARKS.md, session 33). The saving per step
+# ~2,700 steps, and its 24 epochs run 4,800 (research/BENCHMARKS_HISTORY.md). The saving per step
 # shrinks with the problem and the compile does not, so smaller problems (the toys' 500-1,000,
 # the tests') stay eager.
 TRAINING_COMPILE_MIN_COORDINATES = 100_000
@@ -262,7 +262,7 @@ def run_compiled_in_process(args: StepArgs, spec: aot.KernelSpec | None = None) 
 # -- compiled training: the compiled step forward, a compiled vjp backward --------------------
 # Coordinates per call of the compiled backward, whose (H, chunk) intermediates then stay in
 # cache (a probe, 784-20-10 MLP, K = 20, 10-unit softsign nets: 18.3 ms per step in one call,
-# 9.6 ms in chunks of ~32k coordinates, 11 ms of ~16k; BENCHMARKS.md, session 19).
+# 9.6 ms in chunks of ~32k coordinates, 11 ms of ~16k; research/BENCHMARKS_HISTORY.md).
 _VJP_CHUNK = 1 << 15
 _VJP: dict[tuple, Callable] = {}
 

@@ -83,7 +83,7 @@ _ATANH_SERIES = tuple(1.0 / (2 * k + 1) for k in range(8))
 def softplus_fused(x: Tensor, slope: bool) -> tuple[Tensor, Tensor | None]:
     """``softplus(x)`` and (if ``slope``) ``sigmoid(x)`` from one ``exp(-|x|)``, mul/add/div.
 
-    Compiled code uses it for float32 (#12): inductor's vectorised ``log1p`` and ``exp`` made
+    Compiled code uses it for float32: inductor's vectorised ``log1p`` and ``exp`` made
     the softplus of ``f_phiD`` and the sigmoid of its derivative cost ~1.8 ms per 670,000
     coordinates on the shipped CPU, against ~0.9 ms for this. Sampling only: autograd would
     give it the derivative 1 at exactly 0 (meta-training keeps torch's softplus).
@@ -120,7 +120,7 @@ def _activate(name: str, a: Tensor, slope: bool) -> tuple[Tensor, Tensor | None]
         return y, y * (1.0 - y) if slope else None
     if name == "softplus":
         return _softplus(a, slope)
-    if name == "softsign":  # a / (1 + |a|): tanh's shape from one division (#12)
+    if name == "softsign":  # a / (1 + |a|): tanh's shape from one division
         r = torch.reciprocal(a.abs() + 1.0)  # (1 / x compiles to a reciprocal times 1)
         return a * r, r * r if slope else None
     if name == "quadsat":  # c (1 - |c| / 4), c = clamp(a, -2, 2): bounded, C1, no division
