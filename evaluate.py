@@ -112,6 +112,13 @@ def _sampler_path(cfg, option: str | None) -> str | None:
         raise _Stop(str(err)) from None
     except ValueError as err:  # e.g. no step given and none stored in the file
         raise _Stop(f"{sampler_path}: {err}") from None
+    for key in learned:  # a section's Gamma override, on the file's design, as its builder loads it
+        gamma = getattr(cfg.methods[key].gamma, "value", cfg.methods[key].gamma)
+        if cfg.methods[key].enabled and gamma is not None:
+            try:
+                load_sampler(sampler_path, lr=grid[0] if grid else None, gamma=gamma)
+            except ValueError as err:
+                raise _Stop(f"methods.{key}.gamma: {err}") from None
     if any(k == "nnsghmc_constant" and cfg.methods[k].enabled for k in learned):
         from metasampler.learned.ablation import stored_net_means
 
@@ -211,8 +218,10 @@ def _load_suite(path: str) -> dict:
         raise _Stop(f"suite config not found: {path}") from None
     except Exception as err:  # YAML syntax
         raise _Stop(f"suite config {path} is not valid YAML: {err}") from None
-    if not isinstance(raw, dict) or set(raw) - {"out_dir", "seeds", "toy", "tasks"}:
-        raise _Stop(f"suite config {path} must be a mapping of out_dir, seeds, toy and tasks")
+    if not isinstance(raw, dict) or set(raw) - {"out_dir", "publish_dir", "seeds", "toy", "tasks"}:
+        raise _Stop(
+            f"suite config {path} must be a mapping of out_dir, publish_dir, seeds, toy and tasks"
+        )
     seeds, tasks = raw.get("seeds"), raw.get("tasks") or {}
     if not (isinstance(seeds, list) and seeds and all(type(s) is int for s in seeds)):
         raise _Stop(f"{path}: seeds must be a non-empty list of integers, got {seeds!r}")
@@ -225,7 +234,13 @@ def _load_suite(path: str) -> dict:
     toy = raw.get("toy")
     if toy is not None and not (isinstance(toy, dict) and {"sampler", "eta"} <= set(toy)):
         raise _Stop(f"{path}: toy needs sampler and eta (and n_chains, n_steps)")
-    return {"out_dir": raw.get("out_dir", "runs/suite"), "seeds": seeds, "toy": toy, "tasks": tasks}
+    return {
+        "out_dir": raw.get("out_dir", "runs/suite"),
+        "publish_dir": raw.get("publish_dir"),
+        "seeds": seeds,
+        "toy": toy,
+        "tasks": tasks,
+    }
 
 
 def _run_suite(path: str) -> int:
@@ -293,6 +308,14 @@ def _run_suite(path: str) -> int:
     (out / "table.md").write_text(table + "\n")
     print("\n" + table)
     print(f"written to {out}/ (table.md, suite.png, toy_kl.png)")
+    if suite["publish_dir"]:  # the table and figures the documentation shows
+        publish = Path(suite["publish_dir"])
+        publish.mkdir(parents=True, exist_ok=True)
+        published = {"table.md": "suite_table.md", "suite.png": "suite.png", "toy_kl.png": "toy_kl.png"}
+        for name, copy_name in published.items():
+            if (out / name).exists():
+                shutil.copyfile(out / name, publish / copy_name)
+        print(f"published to {publish}/ ({', '.join(published.values())})")
     return 0 if len(summaries) == len(suite["tasks"]) else 1
 
 
