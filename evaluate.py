@@ -311,7 +311,11 @@ def _run_suite(path: str) -> int:
     if suite["publish_dir"]:  # the table and figures the documentation shows
         publish = Path(suite["publish_dir"])
         publish.mkdir(parents=True, exist_ok=True)
-        published = {"table.md": "suite_table.md", "suite.png": "suite.png", "toy_kl.png": "toy_kl.png"}
+        published = {
+            "table.md": "suite_table.md",
+            "suite.png": "suite.png",
+            "toy_kl.png": "toy_kl.png",
+        }
         for name, copy_name in published.items():
             if (out / name).exists():
                 shutil.copyfile(out / name, publish / copy_name)
