@@ -11,6 +11,7 @@ Quick start::
 
 from . import benchmark, diagnostics, distributed, meta, samplers, schedules
 from ._version import __version__ as __version__
+from .adapt import Adapt, AdaptResult
 from .bayesian import BayesianModel, Predictive, assign_params, flatten_params, unflatten_params
 from .export import SamplerFileError, load_sampler, pretrained_samplers
 from .learned import NNSGHMC
@@ -19,6 +20,8 @@ from .sampling import SampleResult, sample
 from .targets import EnergyTarget, Evaluation, NonFiniteError, Target
 
 __all__ = [
+    "Adapt",
+    "AdaptResult",
     "BayesianModel",
     "ConvergenceWarning",
     "NNSGHMC",

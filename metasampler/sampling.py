@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .adapt import Adapt, AdaptResult, adapt_burn_in, check_adapt
 from .devices import check_device
 from .posterior import to_inference_data
 from .samplers.base import Sampler, SamplerState, check_finite
@@ -32,6 +33,8 @@ class SampleResult:
         final_state: the sampler state after the last step (to continue a run).
         target: the target that was sampled (for predictions, parameter names and
             :func:`~metasampler.summary`).
+        adapted: with ``adapt``, what the burn-in chose: the step (and friction) of every kept
+            sample and the criterion's values (:class:`~metasampler.adapt.AdaptResult`).
     """
 
     theta: Tensor
@@ -39,6 +42,7 @@ class SampleResult:
     steps: Tensor
     final_state: SamplerState
     target: Target | None = None
+    adapted: AdaptResult | None = None
 
     def to_inference_data(self) -> Any:
         """The samples as an ArviZ ``InferenceData`` (needs ``pip install metasampler[arviz]``).
@@ -127,6 +131,7 @@ def sample(
     dtype: torch.dtype = torch.float32,
     callback: Callable[[SamplerState], None] | None = None,
     store: bool = True,
+    adapt: bool | Adapt = False,
 ) -> SampleResult:
     """Run ``n_chains`` chains of ``sampler`` on ``target`` for ``n_steps`` steps.
 
@@ -145,6 +150,13 @@ def sample(
         device, dtype: where the chains live (default: ``init``'s device, else CPU).
         callback: called with the state after every step (e.g. streaming evaluation).
         store: keep samples in memory (turn off when a callback consumes them).
+        adapt: choose the step (and, for momentum samplers, the friction) during the burn-in,
+            starting from the sampler's, then keep it fixed for the kept samples
+            (:mod:`metasampler.adapt`). ``True``: ranked by the chains alone;
+            ``metasampler.Adapt(validation=(x, y))``: by held-out data of a
+            :class:`~metasampler.BayesianModel`. Needs ``burn_in >= 100``. ``callback`` is
+            called once every chain runs the chosen kernel (not while the chains run in trial
+            groups); ``result.adapted`` reports the choice.
 
     Returns:
         A :class:`SampleResult`. Samples of schedules' exploration stages are never kept.
@@ -154,11 +166,16 @@ def sample(
             number here), counts out of range, ``burn_in >= n_steps`` or a ``thin`` that keeps
             no sample, a seed torch cannot take, an object that is not a sampler or target;
             or bad shapes. A ``device`` that is not a device name or not available here
-            raises :class:`~metasampler.devices.DeviceError` (a ``ValueError``).
-        NonFiniteError: a chain diverged; the message names the chain and the step.
+            raises :class:`~metasampler.devices.DeviceError` (a ``ValueError``). With
+            ``adapt``: a burn-in shorter than 100 steps, a sampler at temperature 0 or HMC,
+            held-out data for a target without ``log_likelihood``.
+        NonFiniteError: a chain diverged; the message names the chain and the step. With
+            ``adapt``, diverging trial steps are dropped, and only a kept-run divergence or
+            every step tried diverging raises it.
     """
     device = check_device(device)
     _check_arguments(sampler, target, n_chains, n_steps, burn_in, thin, seed, dtype, callback)
+    config = check_adapt(adapt, sampler, target, burn_in)
     device = _chain_device(init, device)
     generator = make_generator(seed, device)
     state = _initial_state(sampler, target, n_chains, init, generator, device, dtype)
@@ -172,10 +189,18 @@ def sample(
     n_kept = len(kept_steps) if store else 0
     bar = tqdm(total=n_steps, desc=type(sampler).__name__, disable=not progress, leave=False)
     with bar:
+        adapted, steps_left = None, n_steps
+        if config is not None:  # the burn-in chooses the kernel; the kept run is fixed
+            state, sampler, adapted = adapt_burn_in(
+                sampler, target, state, burn_in, n_steps - burn_in, generator, config,
+                bar.update, callback,
+            )  # fmt: skip
+            steps_left, burn_in = n_steps - burn_in, 0
         state, thetas, energies = _run_chains(
-            sampler, target, state, n_steps, generator, kept_steps[:n_kept], callback, bar.update
+            sampler, target, state, steps_left, generator, kept_steps[:n_kept], callback, bar.update
         )
-    return SampleResult(thetas, energies, torch.tensor(kept_steps[:n_kept]), state, target)
+    steps = torch.tensor(kept_steps[:n_kept])
+    return SampleResult(thetas, energies, steps, state, target, adapted)
 
 
 def _chain_device(

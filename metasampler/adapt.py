@@ -1,0 +1,896 @@
+"""Step-size (and friction) adaptation during the burn-in: ``ms.sample(..., adapt=True)``.
+
+The step passed to a sampler's constructor is only where the search starts. During the
+burn-in the ``K`` chains are split into groups, each group run at a different step, all
+groups advancing together, step by step; a criterion ranks the groups and the search narrows
+(successive halving on a log grid):
+
+1. **Bracket** (an eighth of the burn-in): nine groups at ``start * 4**j``, ``j = -4 ... 4``
+   (``Adapt.span = 256``), so that a start 100x too large or too small still has the right
+   step inside. While the best group sits at an end of the bracket, or every group diverged,
+   the bracket moves there and runs again, at most twice.
+2. **Step** (a quarter of what is left): five groups at ``best * 2**j``, ``j = -2 ... 2``.
+3. **Friction** (a fifth; samplers with a ``friction``, e.g. SGHMC's ``C``, or a
+   ``diffusion``, mSGNHT's ``A``): three groups at the chosen step with 1/2, 1 and 2 times
+   the friction, i.e. the friction per step ``eta C``.
+4. **Step again** (3/10): three groups at ``best / f``, ``best``, ``best * f``, ``f = sqrt(2)``
+   (2 where the best of round 2 was at its end).
+5. **Settle** (the rest, at least a quarter): every chain at the chosen step and friction.
+
+The kept samples are then drawn with that fixed kernel: the step and the friction never
+change again (a schedule, e.g. cSGHMC's cyclical one, still multiplies the chosen base step;
+a sampler's own warm-up statistics are fixed by its ``end_warmup`` as in a plain run).
+
+A round's choice is the geometric mean of its best group and the neighbours whose score is
+within noise of the best (``sqrt(2)`` jackknife standard errors over blocks of chains), so
+that choosing between steps the criterion cannot tell apart does not drift with its noise.
+
+**Chains.** Each chain keeps its own trajectory from round to round, dealt afresh each round
+so that every group gets a like mix of histories: the kept chains stay independent (R-hat and
+ESS mean what they say), rather than copies of the best group's few positions. A group that
+diverges (a :class:`~metasampler.NonFiniteError`, or a position that is not finite) is
+dropped at once, and after each round the chains of a group that diverged or scored far
+worse than the best (more than the best's magnitude above it, beyond noise: chains that blew
+up to huge finite values, or that a thermostat froze) restart from their own start positions,
+taking a good chain's running statistics (pSGLD's preconditioner, a thermostat). Only when
+every step tried, down to ``span**3`` below the start, diverges is it an error.
+
+**Criteria.** Groups are compared on the last three quarters of each round (the first
+quarter lets chains that changed step settle), on the steps the schedule collects.
+
+* ``"stein"`` (default; from the chains alone, any target): the Stein estimate of the KL
+  divergence of the chains' Gaussian fit from the target (:func:`stein_kl`). Integrating by
+  parts, every density ``exp(-U / T)`` has ``E[(x - c) grad U^T] = T I`` for any constant
+  ``c`` (the generalised equipartition theorem; the configurational temperature of
+  ``metasampler.benchmark.temperature``) and ``E[grad U] = 0``. With ``M = Cov(x, g) / T``
+  from the positions and the (stochastic) gradients the sampler evaluated there,
+  ``tr((M - I)^2) / 4 + gbar^T Cov(x) gbar / (2 T^2)`` is, for a Gaussian target, the KL to
+  second order (too hot a step shows as ``M > I`` along the directions it overheats, too
+  small a step as chains short of the posterior), and for any target a Stein discrepancy with
+  linear test functions: invariant under rescaling coordinates, unbiased under gradient noise
+  independent of the position, ``O(K D^2)`` per step (its diagonal above
+  :data:`FULL_STEIN_MAX_DIM` coordinates, ``O(K D)``), no kernel bandwidth. A group's score
+  projects it to the kept run: the estimate's sampling part (found from halves of the
+  chains, and from halves of the window for the part that longer runs remove) is scaled to
+  ``K`` chains and the kept run's length, the rest (the bias) is kept. Choosing SG-MCMC
+  hyper-parameters by a Stein discrepancy with successive halving is MAMBA's (Coullon, South
+  & Nemeth, 2021, "Efficient and generalizable tuning strategies for stochastic gradient
+  MCMC"); Stein discrepancies measure sample quality after Gorham & Mackey (2015).
+* ``"validation"`` (``Adapt(validation=(x, y))``, a :class:`~metasampler.BayesianModel`):
+  the negative log posterior-predictive probability of held-out data under the average of the
+  group's samples (as the benchmark's grid tuning scores a step), on at most
+  ``Adapt.max_validation`` held-out examples, at eight points of each round's window.
+
+The burn-in can only see what its length shows: a kept run much longer than the burn-in
+mixes slow directions that the trial groups cannot, so on a badly conditioned target the
+choice can err toward the larger step (``speed/bench_adapt.py`` measures it against a grid).
+
+**Cost.** A group's chains are a slice of the ``K`` chains, so where the gradient's
+arithmetic dominates (networks, many chains) a round costs about one step of the ``K``
+chains. Each group is its own call of the sampler's step, so on targets so small that a step
+costs its fixed overhead, the burn-in costs up to about 3.5 plain burn-ins (nine calls per
+step for an eighth of it, five, three and three for the next rounds, one for the rest);
+groups that diverge stop costing.
+
+**Few chains.** Every group has at least two chains. With fewer than ``2 G`` chains, groups
+share chains: a chain runs in several groups at once and continues, after the round, from its
+copy in the best of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from numbers import Real
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .samplers.base import Sampler, SamplerState, check_finite
+from .samplers.hmc import HMC
+from .targets import NonFiniteError, Target
+
+__all__ = ["Adapt", "AdaptResult", "Trial", "FRICTION_ATTRIBUTES", "MIN_BURN_IN"]
+
+#: Sampler attributes adapted as the friction, the first a sampler has as a number > 0
+#: (SGHMC's ``friction`` ``C``, (m)SGNHT's ``diffusion`` ``A``, the value its thermostat
+#: settles on without gradient noise).
+FRICTION_ATTRIBUTES = ("friction", "diffusion")
+
+#: The shortest burn-in ``adapt`` runs in (its bracket round is an eighth of it).
+MIN_BURN_IN = 100
+
+_BRACKET_RATIO = 4.0
+_MAX_BRACKET_MOVES = 2
+_MIN_TRIAL_CHAINS = 8
+_VALIDATION_POINTS = 8
+
+
+@dataclass(frozen=True)
+class Adapt:
+    """How :func:`metasampler.sample` adapts the step during the burn-in (``adapt=True`` is
+    ``Adapt()``).
+
+    Args:
+        validation: held-out ``(x, y)`` of a :class:`~metasampler.BayesianModel`: rank steps
+            by the negative log posterior-predictive probability of ``y`` (predictive NLL).
+            ``None``: rank them by the chains alone (a Stein discrepancy; see
+            :mod:`metasampler.adapt`).
+        friction: also choose the friction of samplers that have one (SGHMC's ``friction``,
+            SGNHT's ``diffusion``): one round at the chosen step with 1/4, 1 and 4 times it.
+        span: the first round tries steps from ``start / span`` to ``start * span``
+            (factor 4 apart; at least 16).
+        max_validation: score on at most this many held-out examples (a fixed random subset).
+
+    Raises:
+        ValueError: a bad value (the message names it).
+    """
+
+    validation: tuple[Tensor, Tensor] | None = None
+    friction: bool = True
+    span: float = 256.0
+    max_validation: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.validation is not None:
+            ok = (
+                isinstance(self.validation, (tuple, list))
+                and len(self.validation) == 2
+                and all(isinstance(v, Tensor) for v in self.validation)
+            )
+            if not ok:
+                raise ValueError("Adapt(validation=...) must be a pair (x, y) of tensors")
+            x, y = self.validation
+            if x.ndim == 0 or y.ndim == 0 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
+                raise ValueError(
+                    "Adapt(validation=(x, y)) needs x and y with the same first dimension > 0, "
+                    f"got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+                )
+        if not isinstance(self.friction, bool):
+            raise ValueError(f"Adapt(friction=...) must be True or False, got {self.friction!r}")
+        if isinstance(self.span, bool) or not isinstance(self.span, Real):
+            raise ValueError(f"Adapt(span=...) must be a number >= 16, got {self.span!r}")
+        if not (16 <= self.span < math.inf):
+            raise ValueError(f"Adapt(span=...) must be a finite number >= 16, got {self.span!r}")
+        if isinstance(self.max_validation, bool) or not isinstance(self.max_validation, int):
+            raise ValueError(
+                f"Adapt(max_validation=...) must be an integer >= 1, got {self.max_validation!r}"
+            )
+        if self.max_validation < 1:
+            raise ValueError(
+                f"Adapt(max_validation=...) must be an integer >= 1, got {self.max_validation!r}"
+            )
+
+    @property
+    def criterion(self) -> str:
+        """``"validation"`` with held-out data, else ``"stein"``."""
+        return "stein" if self.validation is None else "validation"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One group of one round of the search.
+
+    Attributes:
+        round: 0-based round index.
+        kind: ``"bracket"``, ``"step"`` or ``"friction"``.
+        eta: the group's step.
+        friction: the group's friction (``None`` for samplers without one).
+        score: the criterion's value (lower is better); ``inf`` for a diverged group.
+        se: its standard error (jackknife over blocks of chains; 0 with fewer than 4 chains).
+        chains: the group's number of chains.
+        error: why the group diverged (the :class:`~metasampler.NonFiniteError` message), or
+            ``None``.
+    """
+
+    round: int
+    kind: str
+    eta: float
+    friction: float | None
+    score: float
+    se: float
+    chains: int
+    error: str | None = None
+
+
+@dataclass
+class AdaptResult:
+    """What the burn-in chose (``SampleResult.adapted``).
+
+    Attributes:
+        eta: the chosen step; every kept sample was drawn with it.
+        friction: the chosen friction (``None`` when the sampler has none or it was not
+            adapted).
+        friction_name: the sampler attribute that holds it (``"friction"``, ``"diffusion"``).
+        criterion: ``"stein"`` or ``"validation"`` (see :mod:`metasampler.adapt`).
+        start_eta: the step the search started from (the sampler's).
+        start_friction: the sampler's friction.
+        trials: every group of every round, in order (see :class:`Trial`).
+        sampler: a copy of the sampler with ``eta`` (and the friction) set to the choice:
+            the kernel of the kept samples, to run more of them.
+        state: the chains at the end of the burn-in, where the kept run started.
+        generator_state: the generator's state at that point (``torch.Generator.set_state``).
+        settle_steps: burn-in steps all chains ran at the chosen kernel before the first kept
+            sample.
+    """
+
+    eta: float
+    friction: float | None
+    friction_name: str | None
+    criterion: str
+    start_eta: float
+    start_friction: float | None
+    trials: list[Trial]
+    sampler: Sampler
+    state: SamplerState
+    generator_state: Tensor
+    settle_steps: int
+
+    @property
+    def friction_per_step(self) -> float | None:
+        """``eta * friction``: the fraction of the momentum the friction removes per step."""
+        return None if self.friction is None else self.eta * self.friction
+
+    def round_scores(self, round: int) -> list[tuple[float, float | None, float]]:
+        """``[(eta, friction, score)]`` of one round's groups."""
+        return [(t.eta, t.friction, t.score) for t in self.trials if t.round == round]
+
+    def __str__(self) -> str:
+        lines = [
+            f"adapted eta={self.eta:.4g}"
+            + ("" if self.friction is None else f", {self.friction_name}={self.friction:.4g}")
+            + f" (start eta={self.start_eta:.4g}; criterion {self.criterion})"
+        ]
+        for t in self.trials:
+            friction = "" if t.friction is None else f" {self.friction_name}={t.friction:.4g}"
+            status = f"score {t.score:.4g}" if t.error is None else "diverged"
+            lines.append(f"  round {t.round} {t.kind:8s} eta={t.eta:.4g}{friction}: {status}")
+        return "\n".join(lines)
+
+
+def check_adapt(adapt: object, sampler: Sampler, target: Target, burn_in: int) -> Adapt | None:
+    """``adapt`` as an :class:`Adapt` (``None`` when off), checked against the run.
+
+    Raises:
+        ValueError: ``adapt`` is not a bool or an :class:`Adapt`; the burn-in is shorter than
+            :data:`MIN_BURN_IN`; the sampler runs at temperature 0 or adapts its own step
+            (HMC); held-out data for a target that cannot score it.
+    """
+    if adapt is False or adapt is None:
+        return None
+    if adapt is True:
+        adapt = Adapt()
+    if not isinstance(adapt, Adapt):
+        raise ValueError(f"adapt must be True, False or a metasampler.Adapt, got {adapt!r}")
+    if burn_in < MIN_BURN_IN:
+        raise ValueError(
+            f"adapt needs burn_in >= {MIN_BURN_IN} steps to try steps in (got {burn_in}); "
+            "the search runs during the burn-in"
+        )
+    if getattr(sampler, "temperature", 1.0) <= 0:
+        raise ValueError(
+            f"adapt needs a sampler at temperature > 0; {type(sampler).__name__} runs at "
+            f"temperature {sampler.temperature} (an optimiser, not a sampler)"
+        )
+    if isinstance(sampler, HMC):
+        raise ValueError(
+            "adapt is for SG-MCMC samplers; HMC adapts its own step (its target_accept)"
+        )
+    if adapt.validation is not None and not callable(getattr(target, "log_likelihood", None)):
+        raise ValueError(
+            "Adapt(validation=(x, y)) needs a target with log_likelihood(theta, x, y) (a "
+            f"metasampler.BayesianModel), got {type(target).__name__}; use adapt=True to rank "
+            "steps by the chains alone"
+        )
+    return adapt
+
+
+# -- state slicing ---------------------------------------------------------------------------
+def _chain_keys(state: SamplerState) -> set[str]:
+    """The extras that hold one row per chain."""
+    k = state.theta.shape[0]
+    return {
+        name for name, v in state.extras.items() if isinstance(v, Tensor) and v.ndim and len(v) == k
+    }
+
+
+def _rows(x: Tensor | None, idx: Tensor) -> Tensor | None:
+    return None if x is None else x[idx]
+
+
+def _take(state: SamplerState, idx: Tensor, keys: set[str]) -> SamplerState:
+    """The chains ``idx`` of ``state``."""
+    extras = {n: (v[idx] if n in keys else v) for n, v in state.extras.items()}
+    return replace(
+        state,
+        theta=state.theta[idx],
+        momentum=_rows(state.momentum, idx),
+        extras=extras,
+        energy=_rows(state.energy, idx),
+        grad=_rows(state.grad, idx),
+    )
+
+
+def _assemble(
+    parts: Sequence[tuple[SamplerState, Tensor, Tensor]],
+    like: SamplerState,
+    keys: set[str],
+    n_chains: int,
+) -> SamplerState:
+    """An ``n_chains``-chain state from ``(state, rows, chains)`` parts: row ``rows[j]`` of
+    ``state`` becomes chain ``chains[j]``. A field that a part lacks (an energy before the
+    first step) is ``None``."""
+
+    def gather(get: Callable[[SamplerState], Tensor | None]) -> Tensor | None:
+        pieces = [(get(s), r, c) for s, r, c in parts]
+        if any(p is None for p, _, _ in pieces):
+            return None
+        first = pieces[0][0]
+        out = first.new_empty((n_chains, *first.shape[1:]))
+        for p, r, c in pieces:
+            out[c] = p[r]
+        return out
+
+    extras = dict(like.extras)
+    for name in keys:
+        extras[name] = gather(lambda s, n=name: s.extras.get(n))
+    extras = {n: v for n, v in extras.items() if v is not None}
+    return replace(
+        like,
+        theta=gather(lambda s: s.theta),
+        momentum=gather(lambda s: s.momentum),
+        extras=extras,
+        energy=gather(lambda s: s.energy),
+        grad=gather(lambda s: s.grad),
+    )
+
+
+# -- recording the (position, gradient) pairs of each evaluation ------------------------------
+class _Recorder:
+    """Wraps a target's ``evaluate``, keeping the positions and gradient of its last call."""
+
+    def __init__(self, evaluate: Callable[..., Any]) -> None:
+        self.evaluate = evaluate
+        self.last: tuple[Tensor, Tensor] | None = None
+
+    def __call__(self, theta: Tensor, *args: Any, **kwargs: Any) -> Any:
+        ev = self.evaluate(theta, *args, **kwargs)
+        self.last = (theta.detach(), ev.grad.detach())
+        return ev
+
+
+class _Forward:
+    """A target stand-in for targets whose ``evaluate`` cannot be replaced on a copy."""
+
+    def __init__(self, target: Target, recorder: _Recorder) -> None:
+        self._target = target
+        self.evaluate = recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+def _recording(target: Target) -> tuple[Target, _Recorder]:
+    """A copy of ``target`` (same class, so samplers treat it alike) whose evaluations are
+    recorded."""
+    recorder = _Recorder(target.evaluate)
+    try:
+        proxy = copy.copy(target)
+        proxy.evaluate = recorder
+        return proxy, recorder
+    except (AttributeError, TypeError):  # slots, frozen, uncopyable
+        return _Forward(target, recorder), recorder  # type: ignore[return-value]
+
+
+# -- criteria --------------------------------------------------------------------------------
+#: Chains are scored in up to this many blocks (the jackknife's leave-one-out unit).
+_BLOCKS = 8
+#: Up to this dimension the Stein score uses every pair of coordinates, beyond it their
+#: diagonal.
+FULL_STEIN_MAX_DIM = 100
+
+
+def _jackknife_se(leave_out: Sequence[float]) -> float:
+    """The jackknife standard error from the leave-one-block-out values."""
+    j = len(leave_out)
+    if j < 2 or not all(math.isfinite(v) for v in leave_out):
+        return 0.0
+    mean = sum(leave_out) / j
+    return math.sqrt((j - 1) / j * sum((v - mean) ** 2 for v in leave_out))
+
+
+class _SteinStats:
+    """Sums over a group's scored chains for the Stein score, per half of the window (in
+    time) and per block of chains: ``sum x``, ``sum g``, ``sum x x^T`` and ``sum x g^T``
+    (their diagonals above :data:`FULL_STEIN_MAX_DIM`), each ``(2, blocks, ...)``.
+
+    Args:
+        n_blocks, per_block: the scored chains, ``n_blocks * per_block`` of them.
+        temperature: the sampler's.
+        n_chains: ``K``, the chains of the kept run.
+        window: the steps the window will count (the first half go to the first sums).
+        kept_steps: the steps of the kept run.
+    """
+
+    def __init__(
+        self,
+        n_blocks: int,
+        per_block: int,
+        temperature: float,
+        n_chains: int,
+        window: int,
+        kept_steps: int,
+    ) -> None:
+        self.n_blocks, self.per_block = n_blocks, per_block
+        self.temperature = temperature
+        self.n_chains, self.window, self.kept_steps = n_chains, window, kept_steps
+        self.steps = [0, 0]  # per half
+        self.sums: list[Tensor] | None = None
+
+    def update(self, x: Tensor, g: Tensor) -> None:
+        """Add one step of the scored chains (the first ``n_blocks * per_block`` rows)."""
+        rows = self.n_blocks * self.per_block
+        x = x[:rows].double().reshape(self.n_blocks, self.per_block, -1)
+        g = g[:rows].double().reshape(self.n_blocks, self.per_block, -1)
+        d = x.shape[-1]
+        if d <= FULL_STEIN_MAX_DIM:  # x^T x and x^T g in one product
+            xx_xg = x.transpose(1, 2) @ torch.cat((x, g), dim=-1)
+            xx, xg = xx_xg[..., :d], xx_xg[..., d:]
+        else:
+            xx, xg = (x * x).sum(1), (x * g).sum(1)
+        terms = (x.sum(1), g.sum(1), xx, xg)
+        if self.sums is None:
+            self.sums = [torch.zeros((2, *t.shape), dtype=t.dtype, device=t.device) for t in terms]
+        half = 0 if sum(self.steps) < self.window // 2 else 1
+        for s, t in zip(self.sums, terms, strict=True):
+            s[half].add_(t)
+        self.steps[half] += 1
+
+    def score(self) -> tuple[float, list[float]]:
+        """The score (:meth:`projected`) of all scored chains and its values leaving out
+        each block in turn (the jackknife's)."""
+        if self.sums is None:
+            return math.inf, []
+        blocks = list(range(self.n_blocks))
+        value = self.projected(blocks)
+        leave_out = [self.projected(blocks[:j] + blocks[j + 1 :]) for j in blocks]
+        return (value if math.isfinite(value) else math.inf), leave_out
+
+    def projected(self, blocks: list[int]) -> float:
+        """The Stein KL of the chains of ``blocks``, projected to the kept run.
+
+        Its expectation is a bias (what more samples would not change) plus the estimate's
+        own sampling part, which halves with twice the chains (chains are independent): the
+        mean over the two halves of the blocks, less the value, estimates it. Twice the time
+        halves it only where the chains decorrelate within the window: the fraction ``r``
+        that the two halves of the window show (0 for chains that barely move, so that a
+        step too small to mix is not excused). The projection keeps the bias (at least 0)
+        and scales the sampling part to ``K`` chains and, for its fraction ``r``, to the
+        kept run's length."""
+        value = self.kl(blocks, (0, 1))
+        if len(blocks) < 2 or not math.isfinite(value):
+            return value
+        by_chains = (self.kl(blocks[0::2], (0, 1)) + self.kl(blocks[1::2], (0, 1))) / 2.0
+        sampling = max(by_chains - value, 0.0)
+        r = 0.0
+        if sampling > 0 and min(self.steps) > 0:
+            by_time = (self.kl(blocks, (0,)) + self.kl(blocks, (1,))) / 2.0
+            r = min(max(by_time - value, 0.0) / sampling, 1.0)
+        chains = len(blocks) * self.per_block / self.n_chains
+        time = sum(self.steps) / max(self.kept_steps, sum(self.steps))
+        return max(value - sampling, 0.0) + sampling * chains * (1.0 - r + r * time)
+
+    def kl(self, blocks: list[int], halves: tuple[int, ...]) -> float:
+        """:func:`stein_kl` of the chains of ``blocks`` over the window's ``halves``."""
+        assert self.sums is not None
+        index = torch.tensor(blocks)
+        sums = [s[list(halves)][:, index].sum((0, 1)) for s in self.sums]
+        n = sum(self.steps[h] for h in halves) * len(blocks) * self.per_block
+        return stein_kl(*sums, n, self.temperature) if n else math.nan
+
+
+def stein_kl(
+    sum_x: Tensor, sum_g: Tensor, sum_xx: Tensor, sum_xg: Tensor, n: int, temperature: float
+) -> float:
+    """The Stein estimate of the KL divergence from the target of the Gaussian fitted to ``n``
+    samples, from their sums (``sum_xx``, ``sum_xg``: ``(D, D)``, or ``(D,)`` diagonals).
+
+    With ``M = Cov(x, grad U) / T`` and ``gbar = mean(grad U)``::
+
+        KL ~ tr((M - I)^2) / 4 + gbar^T Cov(x) gbar / (2 T^2)
+
+    For a Gaussian target ``M = Cov(x) P`` (``P`` the target's precision over ``T``) and
+    ``gbar = P (mean(x) - m)``, so these are the covariance and mean terms of the Gaussian
+    KL to second order, without the target's moments: the Stein identities
+    ``E[(x - c) grad U^T] = T I`` and ``E[grad U] = 0`` at the target, whatever it is, are
+    what the two terms test. Invariant under rescaling coordinates; unbiased in ``M`` and
+    ``gbar`` under gradient noise independent of ``x``. With diagonals, the sum over the
+    diagonal of each term."""
+    mean_x, mean_g = sum_x / n, sum_g / n
+    t = float(temperature)
+    if sum_xx.ndim == 2:
+        cov_x = sum_xx / n - torch.outer(mean_x, mean_x)
+        a = (sum_xg / n - torch.outer(mean_x, mean_g)) / t
+        a = a - torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
+        cov_term = (a * a.T).sum()
+        mean_term = mean_g @ cov_x @ mean_g
+    else:
+        cov_x = sum_xx / n - mean_x * mean_x
+        a = (sum_xg / n - mean_x * mean_g) / t - 1.0
+        cov_term = (a * a).sum()
+        mean_term = (mean_g * mean_g * cov_x).sum()
+    return float(cov_term / 4.0 + mean_term / (2.0 * t * t))
+
+
+class _ValidationStats:
+    """Per block of scored chains, the running log of the summed predictive probabilities of
+    held-out data."""
+
+    def __init__(self, n_blocks: int, per_block: int, target: Any, x: Tensor, y: Tensor) -> None:
+        self.n_blocks, self.per_block = n_blocks, per_block
+        self.target, self.x, self.y = target, x, y
+        self.log_sum: Tensor | None = None  # (blocks, B)
+        self.count = 0  # samples per block
+
+    def update(self, theta: Tensor) -> None:
+        """Add the scored chains' current positions."""
+        per_block = self.per_block
+        theta = theta[: self.n_blocks * per_block]
+        logp = self.target.log_likelihood(theta, self.x, self.y).double()  # (k, B)
+        logp = torch.logsumexp(logp.reshape(self.n_blocks, per_block, -1), dim=1)
+        self.log_sum = logp if self.log_sum is None else torch.logaddexp(self.log_sum, logp)
+        self.count += per_block
+
+    def score(self) -> tuple[float, list[float]]:
+        """The NLL of the posterior average and its values leaving out each block in turn."""
+        if self.log_sum is None:
+            return math.inf, []
+
+        def nll(rows: Tensor) -> float:
+            total = torch.logsumexp(rows, dim=0) - math.log(rows.shape[0] * self.count)
+            return float(-total.mean())
+
+        value = nll(self.log_sum)
+        keep = torch.ones(self.n_blocks, dtype=torch.bool)
+        leave_out = []
+        for j in range(self.n_blocks if self.n_blocks > 1 else 0):
+            keep[j] = False
+            leave_out.append(nll(self.log_sum[keep]))
+            keep[j] = True
+        return (value if math.isfinite(value) else math.inf), leave_out
+
+
+# -- the search ------------------------------------------------------------------------------
+@dataclass
+class _Group:
+    eta: float
+    friction: float | None
+    sampler: Sampler
+    state: SamplerState
+    generator: torch.Generator
+    stats: Any
+    error: str | None = None
+    score: float = math.inf
+    se: float = 0.0
+    leave_out: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Search:
+    sampler: Sampler
+    target: Target
+    config: Adapt
+    generator: torch.Generator
+    n_chains: int
+    kept_steps: int
+    advance: Callable[[int], object]
+    start_theta: Tensor
+    friction_name: str | None
+    validation: tuple[Tensor, Tensor] | None
+    trials: list[Trial] = field(default_factory=list)
+    rounds: int = 0
+
+    def configured(self, friction: float | None) -> Sampler:
+        """The sampler with ``friction`` set (a shallow copy), or the sampler itself."""
+        if friction is None or self.friction_name is None:
+            return self.sampler
+        if friction == getattr(self.sampler, self.friction_name):
+            return self.sampler
+        other = copy.copy(self.sampler)
+        setattr(other, self.friction_name, friction)
+        return other
+
+    def trial_chains(self, n_groups: int) -> tuple[Tensor, Tensor]:
+        """The chains every group of a round runs a copy of (``max(8, K / G)`` of them, at
+        most ``K``; a fresh draw each round) and the others."""
+        size = min(self.n_chains, max(_MIN_TRIAL_CHAINS, self.n_chains // n_groups))
+        deal = torch.Generator().manual_seed(1_000_003 * (self.rounds + 1))
+        order = torch.randperm(self.n_chains, generator=deal)
+        return order[:size].sort().values, order[size:].sort().values
+
+    def run_round(
+        self,
+        state: SamplerState,
+        settings: Sequence[tuple[float, float | None]],
+        length: int,
+        kind: str,
+        carry: tuple[float, float | None] | None,
+    ) -> tuple[SamplerState, list[_Group]]:
+        """Run one round: every group a copy of the same trial chains, with the same random
+        numbers; the other chains at ``carry`` (``(eta, friction)``; ``None``: they wait).
+        Returns the merged ``K``-chain state and the scored groups."""
+        proxy, recorder = _recording(self.target)
+        keys = _chain_keys(state)
+        trial, others = self.trial_chains(len(settings))
+        window = max(1, (3 * length) // 4)
+        every = max(1, window // _VALIDATION_POINTS)
+        # the window's steps the schedule collects (all of them where it collects none,
+        # e.g. within a cyclical schedule's exploration stage)
+        steps = range(state.step + length - window + 1, state.step + length + 1)
+        counted = {k for k in steps if self.sampler.collects(k)} or set(steps)
+        seed = int(torch.randint(2**62, (1,), generator=self.generator))
+        device = self.generator.device
+        groups = []
+        for eta, friction in settings:
+            sub = replace(_take(state, trial, keys), eta=eta)
+            stats = self._stats(len(trial), len(counted))
+            generator = torch.Generator(device=device).manual_seed(seed)
+            sampler = self.configured(friction)
+            groups.append(_Group(eta, friction, sampler, sub, generator, stats))
+        rest = None
+        if carry is not None and len(others):
+            rest = replace(_take(state, others, keys), eta=carry[0])
+            rest_sampler = self.configured(carry[1])
+        for t in range(length):
+            for g in groups:
+                if g.error is not None:
+                    continue
+                try:
+                    g.state = g.sampler.step(g.state, proxy, g.generator)
+                    if not bool(torch.isfinite(g.state.theta).all()):
+                        raise NonFiniteError(
+                            f"non-finite position at step {g.state.step}",
+                            step=g.state.step,
+                            quantity="position",
+                        )
+                except NonFiniteError as err:
+                    g.error = str(err)
+                    continue
+                if g.state.step not in counted:
+                    continue
+                if self.validation is None:
+                    g.stats.update(*recorder.last)
+                elif (length - 1 - t) % every == 0:
+                    g.stats.update(g.state.theta)
+            if rest is not None:
+                rest = rest_sampler.step(rest, self.target, self.generator)
+                check_finite(rest.step, position=rest.theta)
+            self.advance(1)
+        for g in groups:
+            if g.error is None:
+                g.score, g.leave_out = g.stats.score()
+                g.se = _jackknife_se(g.leave_out)
+            self.trials.append(
+                Trial(self.rounds, kind, g.eta, g.friction, g.score, g.se, len(trial), g.error)
+            )
+        self.rounds += 1
+        step = state.step + length
+        best = _best(groups)
+        if best is not None:
+            parts = [(best.state, torch.arange(len(trial)), trial)]
+        else:  # every group diverged: the trial chains start again
+            restart = self.sampler.init(self.start_theta[trial], self.target, self.generator)
+            parts = [(_with_extras(restart, state, trial, keys), torch.arange(len(trial)), trial)]
+        if len(others):
+            waited = rest if rest is not None else _take(state, others, keys)
+            parts.append((waited, torch.arange(len(others)), others))
+        merged = _assemble(parts, replace(parts[0][0], step=step), keys, self.n_chains)
+        merged.step = step
+        return merged, groups
+
+    def _stats(self, scored: int, window: int) -> Any:
+        """The criterion's running statistics over the ``scored`` trial chains, in at most
+        eight blocks of equal size (the jackknife's unit)."""
+        n_blocks = min(scored, _BLOCKS)
+        per_block = scored // n_blocks
+        if self.validation is None:
+            temperature = float(self.sampler.temperature)
+            return _SteinStats(
+                n_blocks, per_block, temperature, self.n_chains, window, self.kept_steps
+            )
+        return _ValidationStats(n_blocks, per_block, self.target, *self.validation)
+
+
+def _with_extras(
+    restart: SamplerState, state: SamplerState, chains: Tensor, keys: set[str]
+) -> SamplerState:
+    """``restart`` (fresh chains) with the running statistics ``state`` holds for ``chains``
+    (a preconditioner, a thermostat), so that the merged state has every field; its step is
+    ``state``'s."""
+    extras = dict(restart.extras)
+    for name in keys:
+        extras[name] = state.extras[name][chains]
+    energy = None if state.energy is None else state.energy[chains]
+    grad = None if state.grad is None else state.grad[chains]
+    return replace(restart, extras=extras, step=state.step, energy=energy, grad=grad)
+
+
+def _friction_of(sampler: Sampler) -> tuple[str | None, float | None]:
+    for name in FRICTION_ATTRIBUTES:
+        value = getattr(sampler, name, None)
+        if isinstance(value, float) and math.isfinite(value) and value > 0:
+            return name, value
+    return None, None
+
+
+def _best(groups: list[_Group]) -> _Group | None:
+    finite = [g for g in groups if g.error is None and math.isfinite(g.score)]
+    return min(finite, key=lambda g: g.score) if finite else None
+
+
+def _choose(groups: list[_Group], attr: str) -> tuple[float, bool] | None:
+    """A round's choice of ``attr`` (``"eta"`` or ``"friction"``): the geometric mean over
+    the best group and its neighbours (in ``attr``) whose score is within noise of the best
+    (the difference at most ``sqrt(2)`` of its jackknife standard error: the groups ran the
+    same chains with the same random numbers, so the difference is measured better than
+    either score), so that a choice between groups the criterion cannot tell apart does not
+    drift with its noise; and whether the best group sits at an end of the round's values.
+    ``None`` when every group diverged."""
+    best = _best(groups)
+    if best is None:
+        return None
+    ordered = sorted(groups, key=lambda g: getattr(g, attr))
+    i = ordered.index(best)
+
+    def tied(g: _Group) -> bool:
+        if g.error is not None or not math.isfinite(g.score):
+            return False
+        paired = [a - b for a, b in zip(g.leave_out, best.leave_out, strict=False)]
+        return g.score - best.score <= math.sqrt(2.0) * _jackknife_se(paired)
+
+    low = i
+    while low > 0 and tied(ordered[low - 1]):
+        low -= 1
+    high = i
+    while high < len(ordered) - 1 and tied(ordered[high + 1]):
+        high += 1
+    values = [math.log(getattr(g, attr)) for g in ordered[low : high + 1]]
+    return math.exp(sum(values) / len(values)), i in (0, len(ordered) - 1)
+
+
+def _friction_ok(sampler: Sampler, name: str, value: float) -> bool:
+    """SGHMC needs ``noise_estimate <= friction``."""
+    return not (name == "friction" and value < getattr(sampler, "noise_estimate", 0.0))
+
+
+def adapt_burn_in(
+    sampler: Sampler,
+    target: Target,
+    state: SamplerState,
+    burn_in: int,
+    kept_steps: int,
+    generator: torch.Generator,
+    config: Adapt,
+    advance: Callable[[int], object],
+    callback: Callable[[SamplerState], None] | None = None,
+) -> tuple[SamplerState, Sampler, AdaptResult]:
+    """Run the ``burn_in`` steps of ``state``'s chains, choosing the step (and friction) as
+    the module docstring says. Returns the chains after the burn-in, the sampler configured
+    with the choice (a copy) and the :class:`AdaptResult`. ``callback`` is called after each
+    step once every chain runs at the chosen kernel (the settle phase).
+
+    Raises:
+        NonFiniteError: every step tried diverged (the message names the range and the
+            first error).
+    """
+    n_chains = state.theta.shape[0]
+    name, start_friction = _friction_of(sampler) if config.friction else (None, None)
+    validation = None
+    if config.validation is not None:
+        x, y = config.validation
+        if x.shape[0] > config.max_validation:
+            pick = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
+            pick = pick[: config.max_validation]
+            x, y = x[pick.to(x.device)], y[pick.to(y.device)]
+        validation = (x, y)
+    search = _Search(
+        sampler, target, config, generator, n_chains, max(1, kept_steps), advance,
+        state.theta.detach().clone(), name, validation,
+    )  # fmt: skip
+    start_eta = float(state.eta)
+    friction = start_friction
+    used = 0
+    half = int(round(math.log(config.span) / math.log(_BRACKET_RATIO)))
+
+    # 1. bracket, moved while the best is at an end
+    bracket_len = burn_in // 8
+    centre, best, moves = start_eta, None, 0
+    tried: list[float] = []
+    carry = None  # the other chains wait until a step is known
+    while True:
+        etas = [centre * _BRACKET_RATIO**j for j in range(-half, half + 1)]
+        tried += etas
+        settings = [(e, friction) for e in etas]
+        state, groups = search.run_round(state, settings, bracket_len, "bracket", carry)
+        used += bracket_len
+        best = _best(groups)
+        if best is not None:
+            carry = (best.eta, friction)
+        if moves >= _MAX_BRACKET_MOVES:
+            break
+        if best is None:
+            centre = min(etas) / _BRACKET_RATIO**half
+        elif best.eta == max(etas) or best.eta == min(etas):
+            centre = best.eta
+        else:
+            break
+        moves += 1
+    if best is None:
+        first = next((t.error for t in search.trials if t.error), "")
+        raise NonFiniteError(
+            f"adapt: every step tried diverged ({min(tried):.3g} to {max(tried):.3g}, from "
+            f"the sampler's {start_eta:.3g}); the target may not be finite near the start "
+            f"positions. First error: {first}",
+            quantity="adapted step",
+        )
+    eta = best.eta
+
+    # 2-4. the step, the friction, the step again, in shares of what is left
+    adapt_friction = name is not None and start_friction is not None
+    left = burn_in - used
+    shares = (0.25, 0.2, 0.3) if adapt_friction else (0.35, 0.0, 0.4)
+    step_len, friction_len, last_len = (max(1, int(f * left)) for f in shares)
+
+    def step_round(eta: float, factors: Sequence[float], length: int) -> tuple[float, bool]:
+        nonlocal state, used
+        settings = [(eta * f, friction) for f in factors]
+        state, groups = search.run_round(state, settings, length, "step", (eta, friction))
+        used += length
+        chosen = _choose(groups, "eta")
+        return chosen if chosen is not None else (eta * min(factors), True)
+
+    eta, at_end = step_round(eta, [2.0**j for j in (-2, -1, 0, 1, 2)], step_len)
+    if adapt_friction:
+        options = [f * friction for f in (0.5, 1.0, 2.0)]
+        settings = [(eta, f) for f in options if _friction_ok(sampler, name, f)]
+        state, groups = search.run_round(state, settings, friction_len, "friction", (eta, friction))
+        used += friction_len
+        chosen = _choose(groups, "friction")
+        if chosen is not None:
+            friction = chosen[0]
+    factor = 2.0 if at_end else math.sqrt(2.0)
+    eta, _ = step_round(eta, [1.0 / factor, 1.0, factor], last_len)
+
+    # 5. settle: every chain at the chosen kernel
+    final = copy.copy(sampler)
+    final.eta, final.lr = eta, None
+    if name is not None and friction is not None:
+        setattr(final, name, friction)
+    state = replace(state, eta=eta)
+    settle = burn_in - used
+    for _ in range(settle):
+        state = final.step(state, target, generator)
+        check_finite(state.step, position=state.theta)
+        if callback is not None:
+            callback(state)
+        advance(1)
+    end_warmup = getattr(final, "end_warmup", None)  # what the sampler itself adapts
+    if end_warmup is not None:
+        state = end_warmup(state)
+    result = AdaptResult(
+        eta=eta,
+        friction=friction if name is not None else None,
+        friction_name=name,
+        criterion=config.criterion,
+        start_eta=start_eta,
+        start_friction=start_friction,
+        trials=search.trials,
+        sampler=final,
+        state=state,
+        generator_state=generator.get_state(),
+        settle_steps=settle,
+    )
+    return state, final, result

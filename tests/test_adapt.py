@@ -1,0 +1,252 @@
+"""``ms.sample(..., adapt=True)``: the burn-in chooses the step (and friction) and the kept
+samples come from that fixed kernel (metasampler/adapt.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import metasampler as ms
+from metasampler.adapt import Adapt, stein_kl
+
+D = 4
+
+
+def _gaussian() -> tuple[ms.EnergyTarget, torch.Tensor, torch.Tensor]:
+    """A rotated 4-D Gaussian, variances 0.1 ... 10 (condition number 100), mean 2."""
+    g = torch.Generator().manual_seed(0)
+    basis, _ = torch.linalg.qr(torch.randn(D, D, generator=g, dtype=torch.float64))
+    cov = basis @ torch.diag(torch.logspace(-1, 1, D, dtype=torch.float64)) @ basis.T
+    precision = torch.linalg.inv(cov).float()
+    mean = torch.full((D,), 2.0)
+
+    def energy(x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (((x - mean) @ precision) * (x - mean)).sum(-1)
+
+    return ms.EnergyTarget(energy, dim=D), mean.double(), cov
+
+
+K, N_STEPS, BURN_IN = 32, 2000, 600
+
+
+def _kl(result: ms.SampleResult, mean: torch.Tensor, cov: torch.Tensor) -> float:
+    return ms.diagnostics.gaussian_kl(result.theta.double(), mean, cov)
+
+
+def _run(eta: float, seed: int, adapt: bool | Adapt = False) -> ms.SampleResult:
+    target, _, _ = _gaussian()
+    sampler = ms.samplers.SGLD(eta=eta)
+    return ms.sample(
+        sampler, target, K, N_STEPS, burn_in=BURN_IN, seed=seed, progress=False, adapt=adapt
+    )
+
+
+def test_adapted_step_is_within_a_factor_of_2_of_the_kl_optimal_step_at_the_budget():
+    _, mean, cov = _gaussian()
+    grid = [0.1 * 2 ** (j / 2) for j in range(-6, 1)]  # 0.0125 ... 0.1
+    kls = {eta: sum(_kl(_run(eta, seed), mean, cov) for seed in (0, 1)) / 2 for eta in grid}
+    best = min(kls, key=kls.get)
+    assert best not in (grid[0], grid[-1])  # the grid brackets the optimum
+    result = _run(0.05, seed=3, adapt=True)
+    chosen = result.adapted.eta
+    assert best / 2 <= chosen <= best * 2, (chosen, kls)
+    assert _kl(result, mean, cov) <= 2 * kls[best]
+
+
+def test_starts_100x_too_large_and_too_small_end_at_the_same_choice_within_a_factor_of_2():
+    large = _run(3.0, seed=1, adapt=True).adapted
+    small = _run(0.0003, seed=1, adapt=True).adapted
+    assert large.start_eta == 3.0 and small.start_eta == 0.0003
+    assert 0.5 <= large.eta / small.eta <= 2.0, (large.eta, small.eta)
+    # the too-large start's bracket held steps that diverged: dropped, not fatal
+    assert any(t.error is not None for t in large.trials)
+    # the too-small start's bracket moved up at least once (its best was at the top end)
+    assert max(t.eta for t in small.trials if t.kind == "bracket") > 0.0003 * 256
+
+
+def test_kept_samples_come_from_the_fixed_chosen_kernel():
+    target, _, _ = _gaussian()
+    seen: list[tuple[float, int]] = []
+
+    def callback(state: ms.samplers.SamplerState) -> None:
+        seen.append((state.eta, state.step))
+
+    sampler = ms.samplers.SGHMC(eta=0.3, friction=1.0)
+    result = ms.sample(
+        sampler, target, 16, 1200, burn_in=400, thin=2, seed=3, progress=False,
+        adapt=True, callback=callback,
+    )  # fmt: skip
+    adapted = result.adapted
+    assert adapted.friction_name == "friction" and adapted.friction is not None
+    assert adapted.sampler.friction == adapted.friction
+    assert adapted.sampler.eta == adapted.eta
+    assert sampler.eta == 0.3 and sampler.friction == 1.0  # the caller's sampler is untouched
+    # every step the callback saw (settle and kept) ran at the chosen step
+    assert {eta for eta, _ in seen} == {adapted.eta}
+    assert seen[-1][1] == 1200 and len(seen) == 800 + adapted.settle_steps
+    assert result.final_state.eta == adapted.eta
+    # the kept run is exactly a fresh run of the chosen kernel from the burn-in's end
+    generator = torch.Generator().manual_seed(0)
+    generator.set_state(adapted.generator_state)
+    state, kept = adapted.state, []
+    assert state.step == 400
+    for _ in range(800):
+        state = adapted.sampler.step(state, target, generator)
+        if state.step % 2 == 0:
+            kept.append(state.theta)
+    assert torch.equal(torch.stack(kept), result.theta)
+
+
+def test_a_gradient_that_overflows_at_large_steps_still_adapts_without_error():
+    # a steep quartic wall: at steps above ~0.05 a chain is thrown out and x^4 overflows
+    # float32 within a few steps (a NonFiniteError in every such trial group)
+    target = ms.EnergyTarget(lambda x: (0.5 * x * x + 5.0 * x**4).sum(-1), dim=2)
+    with pytest.raises(ms.NonFiniteError):  # without adapt the start step diverges
+        ms.sample(ms.samplers.SGLD(eta=1.0), target, 16, 600, burn_in=300, seed=0, progress=False)
+    result = ms.sample(
+        ms.samplers.SGLD(eta=1.0), target, 16, 600, burn_in=300, seed=0, progress=False,
+        adapt=True,
+    )  # fmt: skip
+    adapted = result.adapted
+    diverged = [t for t in adapted.trials if t.error is not None]
+    assert diverged and all("non-finite" in t.error for t in diverged)
+    assert adapted.eta < 0.05
+    assert bool(torch.isfinite(result.theta).all())
+    # the positions' spread is the target's (about 0.3 per coordinate), not a frozen chain's
+    assert 0.15 < float(result.theta.std()) < 0.5
+
+
+def _logistic_data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, generator=g)
+    p = torch.sigmoid(x @ torch.tensor([2.0, -1.0]) + 0.5)
+    return x, (torch.rand(n, generator=g) < p).float().unsqueeze(-1)
+
+
+def _validation_nll(model: ms.BayesianModel, result: ms.SampleResult, x, y) -> float:
+    logp = model.log_likelihood(result.theta.flatten(0, 1), x, y)
+    return float(-(torch.logsumexp(logp, 0) - math.log(logp.shape[0])).mean())
+
+
+def test_the_validation_criterion_picks_a_sensible_step_for_a_logistic_regression():
+    x, y = _logistic_data(200, 0)
+    xv, yv = _logistic_data(200, 1)
+    model = ms.BayesianModel(
+        torch.nn.Linear(2, 1), (x, y), likelihood="bernoulli", prior_std=3.0, batch_size=50
+    )
+
+    def run(eta: float, adapt: bool | Adapt = False) -> ms.SampleResult:
+        sampler = ms.samplers.SGLD(eta=eta)
+        return ms.sample(sampler, model, 8, 700, burn_in=300, seed=0, progress=False, adapt=adapt)
+
+    # 1e-5 is 100x too small: the chains have not reached the posterior after 700 steps
+    reference = {eta: _validation_nll(model, run(eta), xv, yv) for eta in (1e-5, 1e-3)}
+    assert reference[1e-5] > reference[1e-3] + 0.05
+    result = run(1e-5, Adapt(validation=(xv, yv)))
+    assert result.adapted.criterion == "validation"
+    assert 2e-4 < result.adapted.eta < 0.02
+    assert _validation_nll(model, result, xv, yv) < reference[1e-3] + 0.01
+
+
+def test_stein_kl_is_the_gaussian_kl_to_second_order():
+    # exact moments: a Gaussian fit N(m + d, S) to the target N(m, C)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 3, generator=g, dtype=torch.float64)
+    cov = a @ a.T + 3 * torch.eye(3, dtype=torch.float64)
+    precision = torch.linalg.inv(cov)
+    mean = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    fit_cov = cov * 1.05 + 0.01 * torch.eye(3, dtype=torch.float64)
+    fit_mean = mean + 0.02
+    # sums of n "samples" with exactly those moments: x x^T and x g^T with g = P (x - m)
+    n = 1000
+    sum_x = n * fit_mean
+    second = fit_cov + torch.outer(fit_mean, fit_mean)
+    sum_g = n * precision @ (fit_mean - mean)
+    sum_xg = n * (second - torch.outer(fit_mean, mean)) @ precision
+    value = stein_kl(sum_x, sum_g, n * second, sum_xg, n, 1.0)
+    exact = ms.diagnostics.gaussian_kl_from_moments(fit_mean, fit_cov, mean, cov)
+    assert value == pytest.approx(exact, rel=0.05)
+    # the diagonal form is the sum of the diagonal terms
+    diagonal = stein_kl(sum_x, sum_g, n * second.diagonal(), sum_xg.diagonal(), n, 1.0)
+    assert 0 < diagonal < 2 * value
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ms.samplers.PSGLD(eta=0.01),
+        lambda: ms.samplers.SGNHT(eta=0.1, multivariate=True),
+        lambda: ms.samplers.cyclical_sghmc(eta=0.2, total_steps=800, n_cycles=4),
+        lambda: ms.NNSGHMC(eta=0.1, compile=False),
+    ],
+    ids=["psgld", "msgnht", "csghmc", "nnsghmc"],
+)
+def test_every_sampler_adapts(make):
+    target, mean, cov = _gaussian()
+    sampler = make()
+    result = ms.sample(sampler, target, 8, 800, burn_in=300, seed=0, progress=False, adapt=True)
+    adapted = result.adapted
+    assert math.isfinite(adapted.eta) and adapted.eta > 0
+    assert result.final_state.eta == adapted.eta
+    assert result.theta.shape[1:] == (8, D) and bool(torch.isfinite(result.theta).all())
+    assert _kl(result, mean, cov) < 1.0
+    if isinstance(sampler, ms.samplers.SGNHT):
+        assert adapted.friction_name == "diffusion"
+    if isinstance(sampler, ms.NNSGHMC):
+        assert adapted.friction is None  # its nets give the friction
+
+
+def test_a_bayesian_model_adapts_by_the_chains_alone_and_with_few_chains():
+    x, y = _logistic_data(100, 0)
+    model = ms.BayesianModel(torch.nn.Linear(2, 1), (x, y), likelihood="bernoulli", batch_size=25)
+    sampler = ms.samplers.SGHMC(lr=0.5)  # eta = sqrt(lr / N)
+    result = ms.sample(sampler, model, 3, 500, burn_in=200, seed=0, progress=False, adapt=True)
+    assert result.adapted.criterion == "stein"
+    assert result.adapted.start_eta == pytest.approx(math.sqrt(0.5 / 100))
+    assert {t.chains for t in result.adapted.trials} == {3}  # every group runs all 3 chains
+    assert "adapted eta=" in str(result.adapted)
+
+
+def test_every_step_diverging_is_one_clear_error():
+    target = ms.EnergyTarget(lambda x: (x * x).sum(-1) * float("nan"), dim=2)
+    with pytest.raises(ms.NonFiniteError, match="adapt: every step tried diverged"):
+        ms.sample(ms.samplers.SGLD(eta=0.1), target, 4, 300, burn_in=200, progress=False,
+                  adapt=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"adapt": True, "burn_in": 50}, "adapt needs burn_in >= 100"),
+        ({"adapt": "yes"}, "adapt must be True, False or a metasampler.Adapt"),
+        ({"adapt": True, "sampler": ms.samplers.SGDMomentum(eta=0.1)}, "temperature > 0"),
+        ({"adapt": True, "sampler": ms.samplers.HMC(eta=0.1)}, "HMC adapts its own step"),
+        (
+            {"adapt": Adapt(validation=(torch.zeros(3, 2), torch.zeros(3)))},
+            "needs a target with log_likelihood",
+        ),
+    ],
+)
+def test_bad_adapt_arguments_name_what_is_wrong(kwargs, message):
+    target, _, _ = _gaussian()
+    arguments = {"sampler": ms.samplers.SGLD(eta=0.1), "burn_in": 200, **kwargs}
+    sampler = arguments.pop("sampler")
+    with pytest.raises(ValueError, match=message):
+        ms.sample(sampler, target, 4, 400, progress=False, **arguments)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"validation": torch.zeros(3)}, r"must be a pair \(x, y\) of tensors"),
+        ({"validation": (torch.zeros(3, 2), torch.zeros(4))}, "same first dimension"),
+        ({"span": 4.0}, "span=...\\) must be a finite number >= 16"),
+        ({"friction": 1}, "friction=...\\) must be True or False"),
+        ({"max_validation": 0}, "max_validation=...\\) must be an integer >= 1"),
+    ],
+)
+def test_bad_adapt_options_name_what_is_wrong(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Adapt(**kwargs)
