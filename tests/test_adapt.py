@@ -180,8 +180,9 @@ def test_stein_kl_is_the_gaussian_kl_to_second_order():
         lambda: ms.samplers.SGNHT(eta=0.1, multivariate=True),
         lambda: ms.samplers.cyclical_sghmc(eta=0.2, total_steps=800, n_cycles=4),
         lambda: ms.NNSGHMC(eta=0.1, compile=False),
+        lambda: ms.load_sampler("toy_gaussian"),
     ],
-    ids=["psgld", "msgnht", "csghmc", "nnsghmc"],
+    ids=["psgld", "msgnht", "csghmc", "nnsghmc-new", "nnsghmc-loaded"],
 )
 def test_every_sampler_adapts(make):
     target, mean, cov = _gaussian()
@@ -191,7 +192,9 @@ def test_every_sampler_adapts(make):
     assert math.isfinite(adapted.eta) and adapted.eta > 0
     assert result.final_state.eta == adapted.eta
     assert result.theta.shape[1:] == (8, D) and bool(torch.isfinite(result.theta).all())
-    assert _kl(result, mean, cov) < 1.0
+    untrained = isinstance(sampler, ms.NNSGHMC) and sampler.training  # poor at any step
+    if not untrained:
+        assert _kl(result, mean, cov) < 1.0
     if isinstance(sampler, ms.samplers.SGNHT):
         assert adapted.friction_name == "diffusion"
     if isinstance(sampler, ms.NNSGHMC):
