@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from metasampler.adapt import MIN_BURN_IN
 from metasampler.benchmark.methods import METHODS, check_method_section
 from metasampler.benchmark.tables import TUNE_METRICS
 from metasampler.config import Activation, ConfigError, check_run_placement, load_structured
@@ -95,7 +96,16 @@ class TuneConfig:
     # the paper's reported metric; it needs n_chains 0, an ensemble's NLL depends
     # on its number of chains).
     metric: str = "average_nll"
+    # How each sampler's step is chosen: "grid" (the short runs above), "adapt" (no tuning
+    # runs: every seed chooses its step, and a momentum method its friction, during its own
+    # burn-in from the grid's middle value, ranked by the validation NLL;
+    # metasampler.Adapt) or "both" (a row of each; the adapted row is "<key>_adapted").
+    # Optimisers keep the grid.
+    mode: str = "grid"
 
+
+#: ``tune.mode``: how each sampler's step is chosen (see :class:`TuneConfig`).
+TUNE_MODES = ("grid", "adapt", "both")
 
 #: Every method the benchmark knows, one section per entry of the registry (its schema);
 #: switch any off with ``methods.<key>.enabled=false``.
@@ -183,6 +193,13 @@ def _check_ranges(cfg: DictConfig) -> None:
             "tune.metric=ensemble_nll scores the final ensemble, whose NLL depends on its "
             f"number of chains: tune.n_chains ({cfg.tune.n_chains}) must be 0 or "
             f"budget.n_chains ({cfg.budget.n_chains})"
+        )
+    if cfg.tune.mode not in TUNE_MODES:
+        raise ConfigError(f"tune.mode must be one of {list(TUNE_MODES)}, got {cfg.tune.mode!r}")
+    if cfg.tune.mode != "grid" and cfg.budget.burn_in < MIN_BURN_IN:
+        raise ConfigError(
+            f"tune.mode={cfg.tune.mode} adapts the step during the burn-in: budget.burn_in "
+            f"must be >= {MIN_BURN_IN}, got {cfg.budget.burn_in}"
         )
     if cfg.tune.metric not in TUNE_METRICS:
         raise ConfigError(

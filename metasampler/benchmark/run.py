@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..adapt import Adapt, AdaptResult
 from ..bayesian import BayesianModel
 from ..distributed import all_reduce_sum, chain_shard, logsumexp_over_ranks, peer_status, world_size
 from ..samplers import Sampler, SamplerState
@@ -71,6 +72,8 @@ class MethodRun:
         calibration: ``(confidence, accuracy, count)`` bins of the posterior average.
         diverged_at: the step at which a chain became non-finite, else ``None``.
         message: the divergence message.
+        adapted: with ``adapt``, what the burn-in chose (``None`` otherwise, or when the run
+            diverged before the kept samples).
     """
 
     curves: list[dict[str, float]]
@@ -79,6 +82,7 @@ class MethodRun:
     calibration: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     diverged_at: int | None = None
     message: str | None = None
+    adapted: AdaptResult | None = None
 
 
 class _MainSet:
@@ -144,7 +148,12 @@ class MethodRunner:
         ece_bins: int = 15,
         on_step: Callable[[int], None] | None = None,
         on_eval: Callable[[dict[str, float]], None] | None = None,
+        adapt: Adapt | None = None,
     ) -> None:
+        if adapt is not None and world_size() > 1:
+            raise ValueError("adapt runs in one process: each rank would choose its own step")
+        self.adapt = adapt
+        self.adapted: AdaptResult | None = None
         self.main = _MainSet(target, main, eval_batch_size, ece_bins)
         self.extra = dict(extra or {})
         if self.main.sequence and self.extra:
@@ -168,7 +177,7 @@ class MethodRunner:
         diverged_at, message = None, None
         self._mark = time.perf_counter()
         try:
-            sample(
+            result = sample(
                 self.sampler,
                 self.target,
                 self.shard.size,
@@ -182,7 +191,9 @@ class MethodRunner:
                 store=False,
                 dtype=self.target.dtype,
                 device=self.target.device,
+                adapt=self.adapt or False,
             )
+            self.adapted = result.adapted
         except NonFiniteError as err:
             diverged_at, message = self._divergence(err)
         return self._result(diverged_at, message)
@@ -287,7 +298,9 @@ class MethodRunner:
         final["n_averaged"] = float(self.averages["main"].count)
         done = self.n_steps if diverged_at is None else max(diverged_at, 1)
         final["seconds_per_step"] = self.sampling_seconds / done
-        return MethodRun(self.curves, final, entropies, calibration, diverged_at, message)
+        return MethodRun(
+            self.curves, final, entropies, calibration, diverged_at, message, self.adapted
+        )
 
     def _final_temperature(self) -> float:
         """The final chains' mean configurational temperature, all ranks' chains (1 in
@@ -357,6 +370,9 @@ def run_method(
         ece_bins: bins of the calibration error.
         on_step: called with the step index after every step (progress bars).
         on_eval: called with every learning-curve row.
+        adapt: choose the step (and friction) during the burn-in (:mod:`metasampler.adapt`;
+            one process only); ``MethodRun.adapted`` reports the choice. The learning curve
+            starts once every chain runs the chosen kernel.
     """
     return MethodRunner(sampler, target, init, **kwargs).run()
 

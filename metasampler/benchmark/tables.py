@@ -291,6 +291,10 @@ def _tuning_table(summary: Mapping[str, Any]) -> list[str]:
             interior = min(values) < entry["lr"] < max(values)
         choice = {True: "interior", False: "grid edge", None: "–"}[interior]
         at_edge = at_edge or interior is False
+        if entry.get("adapted") is not None:  # (tune.mode adapt: no tuning runs)
+            lrs = ", ".join(f"{c['lr']:.3g}" for c in entry["adapted"]) or "diverged"
+            initial, choice = f"adapted in each seed's burn-in from {entry['start_lr']:g}", lrs
+            lr = f"{entry['lr']:.3g} (median)" if entry.get("lr") is not None else "–"
         lines.append(
             f"| {entry['label']} | {initial or 'not tuned'} | {extended or '–'} | {lr} | {eta} "
             f"| {choice} |"

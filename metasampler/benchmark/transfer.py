@@ -19,11 +19,12 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from ..adapt import Adapt
 from ..distributed import is_main_process, world_size
 from ..samplers import Sampler
 from ..schedules import WarmUp
 from ..targets import NonFiniteError
-from .methods import METHODS, method_label
+from .methods import FRICTION, METHODS, method_label
 from .metrics import frame_targets, is_sequence_model
 from .prior_check import prior_only_variances, sampled_variance
 from .protocol import MethodFactory
@@ -122,9 +123,12 @@ class MethodBenchmark:
     the other), then every seed with the chosen values. :meth:`run` fills :attr:`entry` (the
     method's part of ``results.json``) and :attr:`runs`."""
 
-    def __init__(self, key: str, setting: _Setting) -> None:
+    def __init__(self, key: str, setting: _Setting, adapted: bool = False) -> None:
         cfg = setting.cfg
         self.spec, self.setting = METHODS[key], setting
+        # (tune.mode adapt or both: the step is chosen in every seed's burn-in instead)
+        self.adapted = adapted
+        self.key = f"{key}_adapted" if adapted and cfg.tune.mode == "both" else key
         self.section = OmegaConf.to_container(cfg.methods[key], resolve=True)
         self.make = MethodFactory(
             key,
@@ -141,7 +145,7 @@ class MethodBenchmark:
         self.stages = self.spec.tuning_stages(self.section)  # options tuned with it, in order
         self.option = self.spec.tuned_option(self.section)  # the stage's option (or None)
         self.entry: dict[str, Any] = {
-            "label": method_label(key, self.section),
+            "label": method_label(key, self.section) + (", adapted" if adapted else ""),
             "is_sampler": self.spec.is_sampler,
         }
         self.tuning_rows: list[dict[str, Any]] = []
@@ -152,7 +156,8 @@ class MethodBenchmark:
     def tuned(self) -> bool:
         """Whether anything is tuned (tuning on and more than one value in a grid)."""
         sizes = self.spec.stage_grid_sizes(self.section)
-        return self.setting.cfg.tune.enabled and max(len(self.base_grid), *sizes, 0) > 1
+        tuning = self.setting.cfg.tune.enabled and not self.adapted
+        return tuning and max(len(self.base_grid), *sizes, 0) > 1
 
     @property
     def option_grid(self) -> list[float]:
@@ -189,6 +194,8 @@ class MethodBenchmark:
 
     def run(self) -> bool:
         """Tune and run every seed; ``False`` when tuning failed and the method was skipped."""
+        if self.adapted:
+            return self._run_adapted()
         if self.tuned:
             try:
                 chosen = self._tune()
@@ -204,6 +211,60 @@ class MethodBenchmark:
         self.entry["runs"] = per_seed
         self.entry.update(seed_statistics([r["final"] for r in per_seed], per_seed))
         return True
+
+    def _run_adapted(self) -> bool:
+        """Every seed chooses its step (and friction) in its own burn-in
+        (:mod:`metasampler.adapt`), from the middle of the step grid (the stored step without
+        one), ranked by the validation NLL; the other options at their grids' first values.
+        The entry reports the median choice over seeds and each seed's."""
+        start = sorted(self.base_grid, key=lambda v: -1.0 if v is None else v)
+        start_lr = start[len(start) // 2]
+        for option in self.stages:
+            self._use_option(self.spec.option_grid(self.section, option)[0], option)
+        per_seed = [self._run_seed(start_lr, int(seed)) for seed in self.setting.cfg.seeds]
+        n_data, order = self.setting.problem.target.n_data, self.spec.sampler_class.order
+        choices = []
+        for seed in self.setting.cfg.seeds:
+            adapted = self.runs[int(seed)].adapted
+            if adapted is not None:
+                lr = adapted.eta * n_data if order == "first" else adapted.eta**2 * n_data
+                choices.append(
+                    {"seed": int(seed), "lr": lr, "eta": adapted.eta,
+                     FRICTION: adapted.friction_per_step, "criterion": adapted.criterion}
+                )  # fmt: skip
+
+        def median(name: str) -> float | None:
+            values = sorted(c[name] for c in choices if c[name] is not None)
+            return values[len(values) // 2] if values else None
+
+        budget = self.setting.cfg.budget
+        self.entry.update(
+            lr=median("lr"),
+            eta=median("eta"),
+            start_lr=start_lr,
+            start_eta=self.make.eta(start_lr, budget.n_steps),
+            adapted=choices,
+            tuning=[],
+            tuning_grid=[],
+            tuning_extensions=[],
+            tuning_interior=None,
+            warmup_eta=None,
+            error=None,
+        )
+        if self.spec.tuned_options:
+            self.entry[FRICTION] = median(FRICTION)
+        self.entry["runs"] = per_seed
+        self.entry.update(seed_statistics([r["final"] for r in per_seed], per_seed))
+        lrs = ", ".join(f"{c['lr']:.3g}" for c in choices)
+        self.setting.log(f"{self.entry['label']}: adapted from lr={start_lr} to lr {lrs}")
+        return True
+
+    def _adapt(self) -> Adapt | None:
+        """What the evaluation runs adapt (``None``: nothing)."""
+        if not self.adapted:
+            return None
+        val, tune = self.setting.val, self.setting.cfg.tune
+        return Adapt(validation=(val.x, val.y), max_validation=tune.max_val or 1000)
 
     # -- tuning ------------------------------------------------------------------------------
     def _tune(self) -> float:
@@ -435,7 +496,7 @@ class MethodBenchmark:
     def _run_seed(self, chosen: float | None, seed: int) -> dict[str, Any]:
         setting, budget = self.setting, self.setting.cfg.budget
         setting.progress.describe(f"{self.spec.label} seed {seed}")
-        curve_log = _CurveLogger(setting.writer(self.spec.key, f"seed{seed}"))
+        curve_log = _CurveLogger(setting.writer(self.key, f"seed{seed}"))
         result = setting.run(
             self.make(chosen, budget.n_steps),
             budget,
@@ -445,6 +506,7 @@ class MethodBenchmark:
             eval_every=budget.eval_every,
             seed=seed,
             on_eval=curve_log,
+            adapt=self._adapt(),
         )
         curve_log.close()
         if result.diverged_at is not None:
@@ -491,6 +553,15 @@ def _enabled(cfg: Any) -> list[str]:
     return [key for key in METHODS if cfg.methods[key].enabled]
 
 
+def _variants(cfg: Any, key: str) -> list[bool]:
+    """Whether method ``key`` runs grid-tuned (``False``), adapted (``True``) or both, as
+    ``tune.mode`` says (the optimisers, at temperature 0, are always grid-tuned)."""
+    mode = getattr(cfg.tune, "mode", "grid")
+    if mode == "grid" or not METHODS[key].is_sampler:
+        return [False]
+    return [True] if mode == "adapt" else [False, True]
+
+
 def _method_steps(cfg: Any, key: str) -> int:
     """Steps of one method on the progress bar: its tuning runs (if tuned), then every seed."""
     spec, section = METHODS[key], cfg.methods[key]
@@ -502,7 +573,12 @@ def _method_steps(cfg: Any, key: str) -> int:
 
 def _total_steps(cfg: Any) -> int:
     """Steps of the progress bar: tuning runs of every tuned grid, then every seed."""
-    return sum(_method_steps(cfg, key) for key in _enabled(cfg))
+    seeds = len(cfg.seeds) * cfg.budget.n_steps
+    return sum(
+        seeds if adapted else _method_steps(cfg, key)
+        for key in _enabled(cfg)
+        for adapted in _variants(cfg, key)
+    )
 
 
 def run_benchmark(
@@ -536,6 +612,11 @@ def run_benchmark(
     methods share the seed ``s`` for run ``s``, hence the same initial positions and
     minibatch sequence where their random-number use agrees.
     """
+    if getattr(cfg.tune, "mode", "grid") != "grid" and world_size() > 1:
+        raise ValueError(
+            f"tune.mode={cfg.tune.mode} runs in one process (each rank would adapt its own "
+            "step); use tune.mode=grid under torchrun"
+        )
     main_process = is_main_process()  # torchrun: only rank 0 reports and writes
     test, extra, val = _eval_sets(cfg, problem.data, problem.target.device)
     setting = _Setting(
@@ -550,25 +631,32 @@ def run_benchmark(
         Path(out_dir) / "tb",
         main_process,
     )
-    methods = [MethodBenchmark(key, setting) for key in _enabled(cfg)]
+    methods = [
+        MethodBenchmark(key, setting, adapted)
+        for key in _enabled(cfg)
+        for adapted in _variants(cfg, key)
+    ]
     try:
         for method in methods:
             _run_or_restore(method, finished)
     finally:
         setting.progress.bar.close()
-    runs = {m.spec.key: m.runs for m in methods if m.entry.get("error") is None}
-    summary = _summary(setting, {m.spec.key: m.entry for m in methods})
+    # (the adapted rows of tune.mode=both are in the tables, not in the curves' figures)
+    runs = {m.key: m.runs for m in methods if m.entry.get("error") is None and m.key in METHODS}
+    summary = _summary(setting, {m.key: m.entry for m in methods})
     return BenchmarkResult(summary, runs)
 
 
 def _run_or_restore(method: MethodBenchmark, finished: FinishedMethods | None) -> None:
     """Take ``method`` back from ``finished`` if an interrupted run stored it, else run it
     (and store it there)."""
-    setting, key = method.setting, method.spec.key
+    setting, key = method.setting, method.key
     restored = None if finished is None else finished.restore(key, setting.tb_root)
     if restored is not None:
         method.entry, method.runs = restored
-        setting.progress.skip(_method_steps(setting.cfg, key))
+        cfg = setting.cfg
+        steps = len(cfg.seeds) * cfg.budget.n_steps
+        setting.progress.skip(steps if method.adapted else _method_steps(cfg, key))
         setting.log(f"{method.spec.label}: taken from the interrupted run ({finished.directory})")
         return
     method.run()
