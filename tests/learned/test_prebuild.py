@@ -14,7 +14,7 @@ from metasampler import prebuild
 from metasampler.learned import aot
 from metasampler.learned.fast import compile_unavailable
 
-NAME = "mnist_mlp_floor_5units"
+NAME = "toy_gaussian"  # (a shipped sampler)
 
 
 def other_model() -> ms.BayesianModel:
@@ -49,10 +49,12 @@ def test_prebuild_without_a_compiler_builds_nothing_and_says_why(monkeypatch, tm
     empty_package_registries(monkeypatch, tmp_path)
     monkeypatch.setattr(prebuild, "compile_unavailable", lambda device: "no C++ compiler")
     monkeypatch.setattr(aot, "_start", lambda *args: pytest.fail("a build started"))
-    results = prebuild.prebuild([NAME, "toy_gaussian"])
+    path = str(tmp_path / "paper.safetensors")  # a sampler file, as a path
+    ms.NNSGHMC(eta=0.01, curl_input="momentum", thermostat=False).save(path)
+    results = prebuild.prebuild([NAME, path])
     assert results == [
         prebuild.Prebuilt(NAME, False, "no C++ compiler"),
-        prebuild.Prebuilt("toy_gaussian", False, "no C++ compiler"),
+        prebuild.Prebuilt(path, False, "no C++ compiler"),
     ]
     assert prebuild.main([NAME]) == 1
 
