@@ -96,10 +96,10 @@ def test_train_activations_only_for_networks_and_not_empty():
     override = "task.train_activations=[relu]"
     with pytest.raises(ConfigError, match=r"task\.train_activations varies.*has none"):
         load_config(None, [override])
-    mnist = load_config(ROOT / "configs" / "mnist_mlp_transfer.yaml", [override])
+    mnist = load_config(ROOT / "configs" / "feedforward.yaml", [override])
     assert [a.value for a in mnist.task.train_activations] == ["relu"]
     with pytest.raises(ConfigError, match=r"task\.train_activations is empty"):
-        load_config(ROOT / "configs" / "mnist_mlp_transfer.yaml", ["task.train_activations=[]"])
+        load_config(ROOT / "configs" / "feedforward.yaml", ["task.train_activations=[]"])
 
 
 def test_eigenvalue_spectrum_reaches_the_training_gaussian():
@@ -148,7 +148,7 @@ def test_train_cli_fails_with_a_message_before_writing(tmp_path, case):
 def test_evaluate_cli_rejects_out_dir_that_is_a_file(tmp_path, sampler_between_overrides):
     blocker = tmp_path / "results"
     blocker.write_text("not a directory")
-    between = ["--sampler", str(ROOT / "pretrained" / "mnist_mlp.safetensors"), "seeds=[0]"]
+    between = ["--sampler", str(ROOT / "pretrained" / "toy_gaussian.safetensors"), "seeds=[0]"]
     proc = subprocess.run(
         [
             sys.executable,
@@ -169,51 +169,30 @@ def test_evaluate_cli_rejects_out_dir_that_is_a_file(tmp_path, sampler_between_o
 
 
 @pytest.mark.parametrize(
-    ("option", "message"),
-    [("precondition_power=0.5", "precondition_power 0.5 needs exact Gamma"),
-     ("thermostat=true", "thermostat needs exact Gamma")],
+    ("design", "message"),
+    [(dict(curl_input="stiffness", thermostat=True), "curl_input='stiffness' needs exact Gamma"),
+     (dict(curl_input="momentum", thermostat=True), "thermostat needs exact Gamma")],
 )  # fmt: skip
-def test_evaluate_cli_rejects_an_exact_gamma_option_on_a_finite_difference_file(
-    tmp_path, option, message
+def test_evaluate_cli_rejects_finite_differences_on_a_file_that_needs_exact_gamma(
+    tmp_path, design, message
 ):
-    """``methods.nnsghmc.precondition_power`` or ``thermostat`` on a file whose stored Gamma is
-    finite differences stops before any work, naming the option to set (not a traceback
-    mid-run)."""
+    """``methods.nnsghmc.gamma=finite_difference`` on a file whose curl sees the stiffness, or
+    that runs a thermostat, stops before any work, naming the option and what to set (not a
+    traceback mid-run)."""
     from metasampler.learned import NNSGHMC
 
-    path = tmp_path / "fd.safetensors"
-    NNSGHMC(lr=0.01, q_hidden=(2,), d_hidden=(2,), gamma="finite_difference").save(str(path))
+    path = tmp_path / "exact.safetensors"
+    NNSGHMC(lr=0.01, q_hidden=(2,), d_hidden=(2,), **design).save(str(path))
     proc = subprocess.run(
         [
             sys.executable, str(ROOT / "evaluate.py"),
             "--config", str(ROOT / "configs" / "eval" / "quick.yaml"),
             "--sampler", str(path), f"out_dir={tmp_path / 'out'}",
-            f"methods.nnsghmc.{option}",
+            "methods.nnsghmc.gamma=finite_difference", "methods.nnsghmc_constant.enabled=false",
         ],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
-    assert f"methods.nnsghmc: {message}" in proc.stderr
-    assert "set gamma=exact" in proc.stderr and "Traceback" not in proc.stderr
+    assert "methods.nnsghmc.gamma: " in proc.stderr and message in proc.stderr
+    assert "set gamma='exact'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
-
-
-def test_evaluate_cli_rejects_finite_differences_on_a_file_that_stores_a_thermostat(tmp_path):
-    """A file that stores ``thermostat = True`` (format version 9) with
-    ``methods.nnsghmc.gamma=finite_difference`` stops before any work, naming the thermostat."""
-    from metasampler.learned import NNSGHMC
-
-    path = tmp_path / "thermostat.safetensors"
-    NNSGHMC(lr=0.01, q_hidden=(2,), d_hidden=(2,), thermostat=True).save(str(path))
-    proc = subprocess.run(
-        [
-            sys.executable, str(ROOT / "evaluate.py"),
-            "--config", str(ROOT / "configs" / "eval" / "quick.yaml"),
-            "--sampler", str(path), f"out_dir={tmp_path / 'out'}",
-            "methods.nnsghmc.gamma=finite_difference",
-        ],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2, proc.stderr
-    assert "methods.nnsghmc: thermostat needs exact Gamma" in proc.stderr
-    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()

@@ -1,6 +1,6 @@
 """``train.compile_steps``: meta-training compiles its steps by default where that pays (a
 CPU with a C++ compiler and at least ``TRAINING_COMPILE_MIN_COORDINATES`` chain-coordinates),
-and as told otherwise (#12)."""
+and as told otherwise."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 import train_meta  # noqa: E402
 
 CPU = torch.device("cpu")
-TOY = ROOT / "configs" / "toy_gaussian_noise_estimate.yaml"
+TOY = ROOT / "configs" / "toy_gaussian.yaml"
 
 
 def prepared(monkeypatch, overrides: list[str], compiler: bool = True):

@@ -236,7 +236,16 @@ def test_run_benchmark_writes_frame_table(tmp_path):
     ]
     overrides += [
         f"methods.{m}.enabled=false"
-        for m in ("nnsghmc", "psgld", "sghmc", "msgnht", "csgld", "csghmc", "sgdm")
+        for m in (
+            "nnsghmc",
+            "nnsghmc_constant",
+            "psgld",
+            "sghmc",
+            "msgnht",
+            "csgld",
+            "csghmc",
+            "sgdm",
+        )
     ]
     cfg = load_benchmark_config(None, overrides)
     result = run_benchmark(cfg, problem, sampler_path=None, out_dir=tmp_path, progress=False)
