@@ -50,7 +50,7 @@ _SAMPLER_STYLES = {
     "msgnht_euler": ("#bcbd22", (0, (6, 2, 1, 2, 1, 2)), "d", 1.6),
     "csgld": ("#8c564b", (0, (3, 1, 1, 1, 1, 1)), "P", 1.6),
     "csghmc": ("#e377c2", (0, (2, 2)), "X", 1.6),
-    "cnnsghmc": ("#17becf", (0, (4, 1.5)), "*", 2.2),
+    "nnsghmc_constant": ("#17becf", (0, (4, 1.5)), "*", 2.2),  # its ablation
 }
 _OPTIMISER_STYLES = {"sgdm": ("0.55", (0, (1, 2)), "1"), "adam": ("0.35", (0, (4, 3)), "2")}
 _BAND_NOTE = "lines: mean over {n} seed(s); shaded band: ±1 standard error across seeds"

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -312,25 +313,6 @@ def _run_tiny(problem, sampler, n_steps: int, **kwargs):
     )
 
 
-def test_a_cooling_stage_estimates_the_gradient_noise_from_its_step_on(monkeypatch):
-    problem = _tiny_problem()
-    asked = []  # estimate_noise of every target evaluation, in order
-    evaluate = problem.target.evaluate
-
-    def spy(*args, **kwargs):
-        asked.append(kwargs.get("estimate_noise", False))
-        return evaluate(*args, **kwargs)
-
-    monkeypatch.setattr(problem.target, "evaluate", spy)
-    sghmc = build_method("sghmc", {}, 0.01, n_data=problem.target.n_data, n_steps=8)
-    run = _run_tiny(problem, sghmc, 8, noise_estimate_from=6)
-    assert run.diverged_at is None
-    assert asked[-8:] == [False] * 5 + [True] * 3  # steps 1-5 without, 6-8 with the estimate
-    sgld = build_method("sgld", {}, 0.01, n_data=problem.target.n_data, n_steps=8)
-    with pytest.raises(ValueError, match="grad_noise_estimate"):
-        _run_tiny(problem, sgld, 8, noise_estimate_from=6)
-
-
 def test_cyclical_methods_average_only_sampling_stages():
     problem = _tiny_problem()
     options = {"n_cycles": 2, "explore_fraction": 0.5}
@@ -355,21 +337,16 @@ def test_benchmark_config_rejects_unknown_keys_and_bad_values():
     for bad in ("-0.1", "nan", "inf"):
         with pytest.raises(ConfigError, match="tune.edge_tolerance"):
             load_benchmark_config(None, [f"tune.edge_tolerance={bad}"])
-    for bad in ("0", "1.5"):
-        with pytest.raises(ConfigError, match="methods.sghmc.grad_noise_estimate_from"):
-            load_benchmark_config(None, [f"methods.sghmc.grad_noise_estimate_from={bad}"])
-    both = [
-        "methods.nnsghmc.grad_noise_estimate_from=10",
-        "methods.nnsghmc.grad_noise_estimate=true",
-    ]
-    with pytest.raises(ConfigError, match="set grad_noise_estimate to false"):
-        load_benchmark_config(None, both)
-    assert load_benchmark_config(None, both[:1]).methods.nnsghmc.grad_noise_estimate_from == 10
-    for key in ("nnsghmc", "sghmc"):  # the friction adds the estimate: it needs one
-        with pytest.raises(ConfigError, match=f"methods.{key}.grad_noise_friction"):
-            load_benchmark_config(None, [f"methods.{key}.grad_noise_friction=true"])
-        with_estimate = [f"methods.{key}.grad_noise_friction=true", both[0].replace("nnsghmc", key)]
-        assert getattr(load_benchmark_config(None, with_estimate).methods, key).grad_noise_friction
+    # Options of earlier NNSGHMC designs, and the cyclical NNSGHMC, are gone: unknown keys.
+    for removed, key in (
+        ("methods.nnsghmc.alpha_per_step=0.01", "methods.nnsghmc.alpha_per_step"),
+        ("methods.nnsghmc.grad_noise_estimate=true", "methods.nnsghmc.grad_noise_estimate"),
+        ("methods.nnsghmc.thermostat=true", "methods.nnsghmc.thermostat"),
+        ("methods.sghmc.grad_noise_friction=true", "methods.sghmc.grad_noise_friction"),
+        ("methods.cnnsghmc.enabled=true", "methods.cnnsghmc"),
+    ):
+        with pytest.raises(ConfigError, match=f"invalid config key '{re.escape(key)}'"):
+            load_benchmark_config(None, [removed])
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "eval").glob("*.yaml")))
@@ -397,14 +374,14 @@ synthetic: {{n_train: 120, n_val: 60, n_test: 60, n_ood: 40, n_features: 4, batc
 budget: {{n_chains: 2, n_steps: 16, burn_in: 6, thin: 2, eval_every: 4}}
 tune: {{n_steps: 10, burn_in: 4, thin: 2}}
 methods:
-  nnsghmc: {{lr_grid: [0.01, 0.05]}}
+  nnsghmc: {{lr_grid: [0.01, 0.05], compile: false}}  # (eager: no package build)
+  nnsghmc_constant: {{lr_grid: [0.03], compile: false}}
   sgld: {{lr_grid: [0.3]}}
   psgld: {{enabled: false}}
   sghmc: {{enabled: false}}
   msgnht: {{lr_grid: [0.02]}}
   csgld: {{lr_grid: [0.3], n_cycles: 2}}
   csghmc: {{enabled: false}}
-  cnnsghmc: {{enabled: true, lr_grid: [0.03], n_cycles: 2}}
   sgdm: {{enabled: false}}
   adam: {{lr_grid: [0.003]}}
 """
@@ -413,11 +390,14 @@ methods:
 
 
 def _save_sampler(path: Path) -> Path:
-    sampler = NNSGHMC(lr=0.01, q_hidden=[4], d_hidden=[4], beta_off=1.0, seed=0)
+    """A small sampler file with the nets' means of a training run (as ``train_meta.py``
+    stores them), so that its constant-nets ablation runs too."""
+    sampler = NNSGHMC(lr=0.01, q_hidden=[4], d_hidden=[4], seed=0)
     with torch.no_grad():
         for p in sampler.parameters():
             p.mul_(0.1)
-    sampler.save(str(path))
+        sampler.f_q.head.bias.fill_(1.0)
+    sampler.save(str(path), provenance={"net_means": {"q": 1.0, "f_d": 0.7}})
     return path
 
 
@@ -476,7 +456,7 @@ def test_evaluate_cli_writes_every_result(tmp_path):
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["tiny"]  # no staging left
     results = json.loads((out / "results.json").read_text())
     methods = results["methods"]
-    assert list(methods) == ["nnsghmc", "sgld", "msgnht", "csgld", "cnnsghmc", "adam"]
+    assert list(methods) == ["nnsghmc", "nnsghmc_constant", "sgld", "msgnht", "csgld", "adam"]
     nn = methods["nnsghmc"]
     # the grid [0.01, 0.05], extended beyond an edge while the best value sits there
     assert nn["tuning_grid"] == [0.01, 0.05]
@@ -491,7 +471,14 @@ def test_evaluate_cli_writes_every_result(tmp_path):
     assert all(0 < methods[k]["prior_variance"] < 10 for k in methods if k != "adam")
     assert "prior_variance" not in methods["adam"]
     table = (out / "table.md").read_text()
-    for label in ("NNSGHMC", "SGLD", "mSGNHT-S", "cSGLD", "cNNSGHMC", "Adam (optimiser)"):
+    for label in (
+        "NNSGHMC",
+        "NNSGHMC, constant nets",
+        "SGLD",
+        "mSGNHT-S",
+        "cSGLD",
+        "Adam (optimiser)",
+    ):
         assert f"| {label} |" in table
     assert "| prior var | temp |" in table
     # the final chains' temperature, per seed and over seeds (16 steps: a transient, so any
@@ -549,6 +536,7 @@ def test_evaluate_cli_missing_data_prints_install_command(tmp_path, capsys):
         f"task.data_dir={empty}",
         f"out_dir={tmp_path / 'out'}",
         "methods.nnsghmc.enabled=false",
+        "methods.nnsghmc_constant.enabled=false",
     )
     assert code == 2, err
     assert "apt-get install" in err
@@ -556,19 +544,23 @@ def test_evaluate_cli_missing_data_prints_install_command(tmp_path, capsys):
 
 
 def test_nnsghmc_compile_option_reaches_the_loaded_sampler(tmp_path):
-    """``methods.nnsghmc.compile`` is a valid config key and switches the loaded sampler's
-    compiled step on (its numerical equivalence to the eager step is tested in
-    tests/learned/test_nnsghmc.py); the default stays eager."""
+    """``methods.nnsghmc.compile`` is a valid config key and sets the loaded sampler's
+    ``use_compile`` (its numerical equivalence to the eager step is tested in
+    tests/learned/test_nnsghmc.py); the benchmark's default is the compiled step from the
+    first step."""
     path = tmp_path / "s.safetensors"
     NNSGHMC(eta=0.01, q_hidden=(4,), d_hidden=(4,), seed=0).save(str(path))
-    eager = build_method("nnsghmc", {}, 0.01, n_data=100, n_steps=5, sampler_path=path)
-    compiled = build_method(
-        "nnsghmc", {"compile": True}, 0.01, n_data=100, n_steps=5, sampler_path=path
-    )
-    assert eager.use_compile is False and compiled.use_compile is True
+
+    def built(options):
+        return build_method("nnsghmc", options, 0.01, n_data=100, n_steps=5, sampler_path=path)
+
+    assert built({}).use_compile is True
+    assert built({"compile": False}).use_compile is False
+    assert built({"compile": None}).use_compile is None
     quick = Path(__file__).resolve().parents[2] / "configs" / "eval" / "quick.yaml"
-    cfg = load_benchmark_config(quick, ["methods.nnsghmc.compile=true"])
-    assert cfg.methods.nnsghmc.compile is True
+    assert load_benchmark_config(quick).methods.nnsghmc.compile is True
+    cfg = load_benchmark_config(quick, ["methods.nnsghmc.compile=false"])
+    assert cfg.methods.nnsghmc.compile is False
 
 
 def _finals(results: dict) -> dict:
@@ -601,11 +593,17 @@ def test_an_interrupted_evaluation_resumes_with_the_methods_it_finished(
     args = ("--config", str(config), "--sampler", str(sampler))
     interrupted_at("msgnht")
     code, err = _evaluate_main(capsys, *args)
-    assert code == 130 and "finished methods kept for --resume: nnsghmc, sgld" in err
+    assert (
+        code == 130 and "finished methods kept for --resume: nnsghmc, nnsghmc_constant, sgld" in err
+    )
     out = tmp_path / "out"
     assert not (out / "tiny").exists()
     kept = out / ".tiny.finished"
-    assert sorted(p.name for p in kept.glob("*.pt")) == ["nnsghmc.pt", "sgld.pt"]
+    assert sorted(p.name for p in kept.glob("*.pt")) == [
+        "nnsghmc.pt",
+        "nnsghmc_constant.pt",
+        "sgld.pt",
+    ]
 
     # Another config, or an altered stored method, is refused; so is a run that would start
     # afresh over the stored methods. Nothing is run.
@@ -627,7 +625,7 @@ def test_an_interrupted_evaluation_resumes_with_the_methods_it_finished(
     interrupted_at(None)
     code, err = _evaluate_main(capsys, *args, "--resume")
     assert code == 0, err
-    assert ran == ["msgnht", "csgld", "cnnsghmc", "adam"]
+    assert ran == ["msgnht", "csgld", "adam"]
     assert not kept.exists()
     resumed = json.loads((out / "tiny" / "results.json").read_text())
     assert any((out / "tiny" / "tb" / "sgld").rglob("events.out.tfevents*"))

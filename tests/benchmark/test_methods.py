@@ -99,39 +99,42 @@ def test_divergence_step_comes_from_the_error_field_not_its_message():
     assert torch.isnan(torch.tensor(run.final["average_nll"]))
 
 
-def test_cyclical_nnsghmc_is_the_loaded_sampler_under_the_cyclical_schedule(tmp_path):
-    """``cnnsghmc`` samples with the file's nets at cSGHMC's cosine schedule: the step falls
-    from the tuned value to ~0 within each cycle and the first quarter of a cycle explores."""
+def test_the_constant_nets_method_is_the_loaded_sampler_with_the_files_net_means(tmp_path):
+    """``nnsghmc_constant`` loads the file and replaces each net by the mean the file's
+    provenance stores (``net_means``): ``Q_f`` and ``f_phiD`` constant, the rest the file's."""
     from metasampler.learned import NNSGHMC
-    from metasampler.schedules import CyclicalCosine
 
     path = tmp_path / "s.safetensors"
-    NNSGHMC(lr=0.01, q_hidden=(3,), d_hidden=(3,)).save(str(path))
-    options = {"n_cycles": 2, "explore_fraction": 0.5}
+    NNSGHMC(lr=0.01, q_hidden=(3,), d_hidden=(3,)).save(
+        str(path), provenance={"net_means": {"q": 0.8, "f_d": 0.3}}
+    )
     plain = build_method("nnsghmc", {}, 0.02, n_data=100, n_steps=40, sampler_path=path)
-    cyc = build_method("cnnsghmc", options, 0.02, n_data=100, n_steps=40, sampler_path=path)
-    assert isinstance(cyc, NNSGHMC) and cyc.lr == plain.lr == 0.02
-    assert cyc.schedule == CyclicalCosine(40, 2, 0.5)
-    scales = [cyc.schedule(k) for k in range(1, 41)]
-    assert scales[0] == (1.0, True) and scales[19].scale < 0.01 and not scales[19].explore
-    assert scales[20] == (1.0, True)
-    for name, param in plain.named_parameters():
-        assert torch.equal(param, dict(cyc.named_parameters())[name])
-    assert not load_benchmark_config(None).methods.cnnsghmc.enabled  # opt-in
+    constant = build_method("nnsghmc_constant", {}, 0.02, n_data=100, n_steps=40, sampler_path=path)
+    assert isinstance(constant, NNSGHMC) and constant.lr == plain.lr == 0.02
+    assert constant.arguments() == plain.arguments()
+    u, p_hat = torch.randn(5, 1), torch.randn(5, 4)
+    q, d = constant.coefficients(u, p_hat, torch.randn(5, 4), eta=0.1, stiffness=p_hat)
+    torch.testing.assert_close(q, torch.full_like(q, 0.8))
+    torch.testing.assert_close(d, torch.full_like(d, constant.friction_scale * 0.3 / 0.1))
+    assert not torch.equal(plain.coefficients(u, p_hat, p_hat, 0.1, p_hat)[0], q)
+    bare = tmp_path / "bare.safetensors"
+    NNSGHMC(lr=0.01, q_hidden=(3,), d_hidden=(3,)).save(str(bare))
+    with pytest.raises(ValueError, match="methods.nnsghmc_constant: .*stores no net means"):
+        build_method("nnsghmc_constant", {}, 0.02, n_data=100, n_steps=40, sampler_path=bare)
 
 
 def test_a_learned_method_alone_still_needs_the_sampler_file():
     import evaluate
 
-    overrides = [f"methods.{k}.enabled=false" for k in METHODS] + ["methods.cnnsghmc.enabled=true"]
-    cfg = load_benchmark_config(None, overrides)
-    with pytest.raises(evaluate._Stop, match="methods.cnnsghmc is enabled but no sampler file"):
+    overrides = [f"methods.{k}.enabled=false" for k in METHODS]
+    cfg = load_benchmark_config(None, [*overrides, "methods.nnsghmc_constant.enabled=true"])
+    with pytest.raises(evaluate._Stop, match="methods.nnsghmc_constant is enabled but no sampler"):
         evaluate._sampler_path(cfg, None)
 
 
 def test_the_loaded_sampler_goes_to_the_chains_device(monkeypatch):
     # evaluate.py with device=cuda loaded the NNSGHMC file onto the CPU, and its first step
-    # refused chains on the GPU (found on a GPU machine, session 17): the factory of a
+    # refused chains on the GPU (found on a GPU machine): the factory of a
     # benchmark run passes the config's device on to load_sampler.
     from metasampler.benchmark import methods
     from metasampler.benchmark.protocol import MethodFactory
@@ -144,7 +147,7 @@ def test_the_loaded_sampler_goes_to_the_chains_device(monkeypatch):
         return real_load(path, **{**kwargs, "device": "cpu"})  # (no GPU here)
 
     monkeypatch.setattr(methods, "load_sampler", load_on_cpu)
-    make = MethodFactory("nnsghmc", {}, 100, sampler_path="pretrained/mnist_mlp.safetensors",
+    make = MethodFactory("nnsghmc", {}, 100, sampler_path="pretrained/toy_gaussian.safetensors",
                          device="cuda:1")  # fmt: skip
     assert make(0.01, 10).lr == 0.01
     assert asked == ["cuda:1"]

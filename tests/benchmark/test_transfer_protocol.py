@@ -1,11 +1,12 @@
-"""The fair transfer protocol of ``evaluate.py`` (issue #11 item 3): step-size grids extended
-until the choice is interior, a warm-up phase for every method, and the paper's test-time
-``alpha = alpha_per_step / eta_warmup`` for a loaded NNSGHMC."""
+"""The fair transfer protocol of ``evaluate.py``: step-size grids extended until the choice is
+interior, a warm-up phase for every method, options tuned with the step, and runs split by seed
+or method merged."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -20,16 +21,14 @@ from metasampler.benchmark import (
     markdown_table,
     merge_seed_results,
     run_benchmark,
-    set_alpha_from_warmup,
     synthetic_classification_problem,
     tune_step_size,
 )
-from metasampler.benchmark.tables import tuning_csv
 from metasampler.config import ConfigError
 from metasampler.files import jsonable
 from metasampler.schedules import CyclicalCosine, WarmUp
 from metasampler.stepsize import resolve_eta
-from metasampler.targets import EnergyTarget, NonFiniteError
+from metasampler.targets import NonFiniteError
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,23 +179,14 @@ def test_warmup_runs_the_first_steps_at_the_reduced_learning_rate(key, power):
     assert eta_warmup == pytest.approx(resolve_eta(None, lr, n, warm.order) * factor**power)
 
 
-# --------------------------------------------------------------------------------------------
-# alpha
-# --------------------------------------------------------------------------------------------
 def _nnsghmc(**kw) -> NNSGHMC:
-    return NNSGHMC(lr=0.01, q_hidden=[4], d_hidden=[4], beta_off=1.0, alpha=7.0, seed=0, **kw)
-
-
-def test_alpha_is_set_from_the_warmup_step_for_absolute_units_only():
-    sampler = _nnsghmc()
-    note = set_alpha_from_warmup(sampler, 0.01, eta_warmup=0.002)
-    assert sampler.alpha == pytest.approx(5.0) and "eta_warmup" in note
-    sampler = _nnsghmc()
-    set_alpha_from_warmup(sampler, None, eta_warmup=0.002)
-    assert sampler.alpha == 7.0  # default: the file's alpha
-    sampler = _nnsghmc(friction_units="per_step")  # constants already per step
-    note = set_alpha_from_warmup(sampler, 0.01, eta_warmup=0.002)
-    assert sampler.alpha == 7.0 and "per_step" in note
+    """A small sampler whose nets are scaled down (stable at the tests' steps)."""
+    sampler = NNSGHMC(lr=0.01, q_hidden=[4], d_hidden=[4], seed=0, **kw)
+    with torch.no_grad():
+        for p in sampler.parameters():
+            p.mul_(0.1)
+        sampler.f_q.head.bias.fill_(1.0)
+    return sampler
 
 
 def _run_synthetic(cfg, sampler_path, out_dir):
@@ -209,13 +199,9 @@ def _run_synthetic(cfg, sampler_path, out_dir):
     return run_benchmark(cfg, problem, sampler_path=sampler_path, out_dir=out_dir, progress=False)
 
 
-def test_benchmark_applies_warmup_alpha_and_reports_the_protocol(tmp_path):
+def test_benchmark_applies_the_warmup_and_reports_the_protocol(tmp_path):
     path = tmp_path / "sampler.safetensors"
-    sampler = _nnsghmc()
-    with torch.no_grad():
-        for p in sampler.parameters():
-            p.mul_(0.1)
-    sampler.save(str(path))
+    _nnsghmc().save(str(path))
     cfg = load_benchmark_config(
         None,
         [
@@ -229,17 +215,17 @@ def test_benchmark_applies_warmup_alpha_and_reports_the_protocol(tmp_path):
             "warmup_steps: 4, warmup_lr_factor: 0.25}",
             "tune={n_steps: 8, burn_in: 3, thin: 2, max_extensions: 3}",
             "methods.nnsghmc.lr_grid=[0.01]",
-            "methods.nnsghmc.alpha_per_step=0.01",
+            "methods.nnsghmc.compile=false",  # (eager: no package build)
             "methods.sgld.lr_grid=[0.001, 0.002]",
-            *(f"methods.{m}.enabled=false" for m in ("psgld", "sghmc", "msgnht", "csgld")),
-            *(f"methods.{m}.enabled=false" for m in ("csghmc", "sgdm", "adam")),
+            *(f"methods.{m}.enabled=false" for m in ("nnsghmc_constant", "psgld", "sghmc")),
+            *(f"methods.{m}.enabled=false" for m in ("msgnht", "csgld", "csghmc", "sgdm", "adam")),
         ],
     )
     result = _run_synthetic(cfg, path, tmp_path)
     methods = result.summary["methods"]
     eta = math.sqrt(0.01 / 120)
     assert methods["nnsghmc"]["warmup_eta"] == pytest.approx(eta * 0.5)
-    assert methods["nnsghmc"]["alpha"] == pytest.approx(0.01 / (eta * 0.5))
+    assert "alpha" not in methods["nnsghmc"]  # (the file's friction per step, as trained)
     sgld = methods["sgld"]
     assert sgld["tuning_grid"] == [0.001, 0.002]
     assert sgld["tuning_extensions"]  # tiny steps: the upper edge wins and is extended
@@ -247,7 +233,6 @@ def test_benchmark_applies_warmup_alpha_and_reports_the_protocol(tmp_path):
     assert sgld["warmup_eta"] == pytest.approx(sgld["eta"] * 0.25)
     table = markdown_table(result.summary)
     assert "Warm-up, every method: the first 4 steps at 0.25" in table
-    assert "NNSGHMC alpha: 0.01 / eta_warmup" in table
     assert "| extensions: lr → val NLL |" in table
 
 
@@ -258,8 +243,6 @@ def test_config_rejects_bad_protocol_values():
         )
     with pytest.raises(ConfigError, match="warmup_lr_factor"):
         load_benchmark_config(None, ["budget.warmup_lr_factor=0"])
-    with pytest.raises(ConfigError, match="alpha_per_step"):
-        load_benchmark_config(None, ["methods.nnsghmc.alpha_per_step=-1"])
     with pytest.raises(ConfigError, match="max_extensions"):
         load_benchmark_config(None, ["tune.max_extensions=-1"])
 
@@ -280,6 +263,7 @@ def _small_benchmark(tmp_path, seeds: str, *extra: str):
             "budget={n_chains: 2, n_steps: 12, burn_in: 4, thin: 2, eval_every: 4}",
             "tune={n_steps: 8, burn_in: 3, thin: 2}",
             "methods.nnsghmc.enabled=false",
+            "methods.nnsghmc_constant.enabled=false",
             "methods.sgld.lr_grid=[0.1, 0.3]",
             *(f"methods.{m}.enabled=false" for m in ("psgld", "sghmc", "msgnht", "csgld")),
             *(f"methods.{m}.enabled=false" for m in ("csghmc", "sgdm")),
@@ -477,363 +461,31 @@ def test_a_friction_grid_of_one_value_is_used_while_the_step_is_tuned(tmp_path):
     assert {r["momentum_decay"] for r in entry["tuning"]} == {0.05}
 
 
-def test_the_learned_samplers_constant_friction_is_tuned_like_the_others(tmp_path):
-    """``methods.nnsghmc.momentum_decay`` replaces the file's constant friction ``c`` by a
-    friction per step ``a`` (``c = a`` for per-step constants, ``a / eta`` for absolute ones;
-    null keeps the file's), and its grid is tuned with the step as SGHMC's friction is."""
-    absolute, per_step = tmp_path / "abs.safetensors", tmp_path / "ps.safetensors"
-    for path, units in ((absolute, "absolute"), (per_step, "per_step")):
-        sampler = _nnsghmc(c=0.3, friction_units=units)
-        with torch.no_grad():
-            for p in sampler.parameters():
-                p.mul_(0.1)
-        sampler.save(str(path))
-    eta = math.sqrt(0.02 / 120)
-    for path, c in ((absolute, 0.05 / eta), (per_step, 0.05)):
-        kept = build_method("nnsghmc", {}, 0.02, n_data=120, n_steps=10, sampler_path=path)
-        options = {"momentum_decay": 0.05}
-        set_ = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=path)
-        assert kept.c == 0.3 and set_.c == pytest.approx(c)
-
-    cfg = load_benchmark_config(
-        None,
-        [
-            "name=nn_friction", "seeds=[0]", "progress=false", "tensorboard=false",
-            "synthetic={n_train: 120, n_val: 60, n_test: 60, n_ood: 0, n_features: 4, "
-            "batch_size: 30}",
-            "budget={n_chains: 2, n_steps: 12, burn_in: 4, thin: 2, eval_every: 4}",
-            "tune={n_steps: 8, burn_in: 3, thin: 2, max_extensions: 1}",
-            "methods.nnsghmc.lr_grid=[0.005, 0.02]",
-            "methods.nnsghmc.momentum_decay_grid=[0.01, 0.3]",
-            *(f"methods.{m}.enabled=false" for m in ("sgld", "psgld", "sghmc", "msgnht")),
-            *(f"methods.{m}.enabled=false" for m in ("csgld", "csghmc", "sgdm", "adam")),
-        ],
-    )  # fmt: skip
-    summary = _run_synthetic(cfg, per_step, tmp_path).summary
-    entry = summary["methods"]["nnsghmc"]
-    rows = [r for r in entry["tuning"] if r["diverged_at"] is None]
-    assert {0.01, 0.3} <= {r["momentum_decay"] for r in rows}
-    best = min(rows, key=lambda r: r["val_nll"])
-    assert (entry["momentum_decay"], entry["lr"]) == (best["momentum_decay"], best["lr"])
-    table = markdown_table(summary)
-    assert f"| NNSGHMC | {entry['lr']:g} | {entry['momentum_decay']:g} |" in table
-
-
-@pytest.mark.parametrize("name", ["momentum_input_clamp", "speed_limit"])
-def test_the_learned_samplers_momentum_constants_can_be_set_for_a_file(tmp_path, name):
-    """``methods.nnsghmc.momentum_input_clamp`` / ``speed_limit`` set the clamp of the nets'
-    momentum input / the curl's speed limit on a file trained without one (null keeps the
-    file's); a value <= 0 is a config error."""
-    path = tmp_path / "s.safetensors"
-    sampler = _nnsghmc(c=0.3, friction_units="per_step")
-    sampler.save(str(path))
-    kept = build_method("nnsghmc", {}, 0.02, n_data=120, n_steps=10, sampler_path=path)
-    options = {name: 4.0}
-    set_ = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=path)
-    assert getattr(kept, name) is None and getattr(set_, name) == 4.0
-    theta, p = torch.zeros(1, 3), torch.tensor([[0.0, 6.0, -9.0]])
-    target = EnergyTarget(lambda x: 0.5 * (x**2).sum(-1), dim=3)
-    q_kept, q_set = (s.drift_terms(theta, p, target).q for s in (kept, set_))
-    assert q_kept[0, 0] == q_set[0, 0] and not torch.equal(q_kept[0, 1:], q_set[0, 1:])
-    with pytest.raises(ConfigError, match=name):
-        load_benchmark_config(None, [f"methods.nnsghmc.{name}=-1.0"])
-
-
-def test_the_curls_preconditioner_can_be_set_for_a_file_and_needs_exact_gamma(tmp_path):
-    """``methods.nnsghmc.precondition_power`` switches the stiffness preconditioner on for a
-    file trained without it: stiff coordinates' curl shrinks, flat ones' grows; it is a config
-    error below 0 or with finite-difference Gamma."""
-    path = tmp_path / "s.safetensors"
-    _nnsghmc(c=0.3, friction_units="per_step").save(str(path))
-    kept = build_method("nnsghmc", {}, 0.02, n_data=120, n_steps=10, sampler_path=path)
-    options = {"precondition_power": 0.5, "gamma": "exact"}
-    set_ = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=path)
-    assert not kept.preconditioned and set_.precondition_power == 0.5
-    theta, p = torch.zeros(1, 3), torch.zeros(1, 3)
-    target = EnergyTarget(lambda x: 0.5 * (x**2).sum(-1), dim=3)
-    grad_sq = torch.tensor([[1e-4, 1.0, 1e4]])  # flat, median, stiff coordinate
-    ratio = (
-        set_.drift_terms(theta, p, target, grad_sq=grad_sq).q / kept.drift_terms(theta, p, target).q
-    )
-    assert ratio[0, 0] > 1 and ratio[0, 2] < 1 and ratio[0, 1] == pytest.approx(1)
-    with pytest.raises(ValueError, match="needs exact Gamma"):
-        build_method(
-            "nnsghmc", {"precondition_power": 0.5, "gamma": "finite_difference"}, 0.02,
-            n_data=120, n_steps=10, sampler_path=path,
-        )  # fmt: skip
-    bad_settings = (
-        ["methods.nnsghmc.precondition_power=-0.5"],
-        ["methods.nnsghmc.precondition_power=0.5", "methods.nnsghmc.gamma=finite_difference"],
-    )
-    for overrides in bad_settings:
-        with pytest.raises(ConfigError, match="precondition_power"):
-            load_benchmark_config(None, overrides)
-
-
-def test_the_thermostat_can_be_set_for_a_file_and_needs_exact_gamma(tmp_path):
-    """``methods.nnsghmc.thermostat`` puts a thermostat around a file's learned step (its
-    ``xi`` then travels in the chains' state); a config error or a build error with
-    finite-difference Gamma, whichever says so first."""
-    path = tmp_path / "s.safetensors"
-    _nnsghmc(c=0.3, friction_units="per_step").save(str(path))
-    built = {
-        on: build_method(
-            "nnsghmc",
-            {"thermostat": on, "gamma": "exact"},
-            0.02,
-            n_data=120,
-            n_steps=10,
-            sampler_path=path,
-        )  # fmt: skip
-        for on in (False, True)
-    }
-    target = EnergyTarget(lambda x: 0.5 * (x**2).sum(-1), dim=3)
-    for on, sampler in built.items():
-        state = sampler.step(sampler.init(torch.zeros(2, 3), target), target)
-        assert ("xi" in state.extras) == on == sampler.thermostat
-    with pytest.raises(ValueError, match="thermostat needs exact Gamma"):
-        build_method(
-            "nnsghmc", {"thermostat": True, "gamma": "finite_difference"}, 0.02,
-            n_data=120, n_steps=10, sampler_path=path,
-        )  # fmt: skip
-    with pytest.raises(ConfigError, match="thermostat needs exact Gamma"):
-        load_benchmark_config(
-            None, ["methods.nnsghmc.thermostat=true", "methods.nnsghmc.gamma=finite_difference"]
-        )
-    assert load_benchmark_config(
-        None, ["methods.nnsghmc.thermostat=true"]
-    ).methods.nnsghmc.thermostat
-
-
-def test_a_files_stored_thermostat_is_kept_unless_the_section_replaces_it(tmp_path):
-    """A file that stores ``thermostat = True`` (format version 9) runs with it; a section's
-    ``thermostat=false`` with finite-difference Gamma replaces both at once, while Gamma alone
-    is an error naming the file (``load_sampler``'s own override too, as an argument error)."""
+@pytest.mark.parametrize(
+    ("design", "refused"),
+    [(dict(curl_input="stiffness", thermostat=True), "curl_input='stiffness' needs exact Gamma"),
+     (dict(curl_input="momentum", thermostat=True), "thermostat needs exact Gamma")],
+)  # fmt: skip
+def test_a_gamma_override_the_files_design_cannot_run_names_the_file(tmp_path, design, refused):
+    """A file of the default design (or with a thermostat) runs with its exact Gamma;
+    ``methods.nnsghmc.gamma=finite_difference`` is an error naming the file and the reason
+    (``load_sampler``'s own override too, as an argument error). The paper's design takes it."""
     path = tmp_path / "t.safetensors"
-    _nnsghmc(c=0.3, friction_units="per_step", thermostat=True).save(str(path))
+    _nnsghmc(**design).save(str(path))
     kept = build_method("nnsghmc", {}, 0.02, n_data=120, n_steps=10, sampler_path=path)
     assert kept.thermostat and kept.gamma == "exact"
-    options = {"thermostat": False, "gamma": "finite_difference"}
-    replaced = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=path)
-    assert not replaced.thermostat and replaced.gamma == "finite_difference"
-    with pytest.raises(ValueError, match=f"{path.name}: thermostat needs exact Gamma"):
+    with pytest.raises(ValueError, match=f"{path.name}: {re.escape(refused)}"):
         build_method(
             "nnsghmc", {"gamma": "finite_difference"}, 0.02, n_data=120, n_steps=10,
             sampler_path=path,
         )  # fmt: skip
-    with pytest.raises(ValueError, match="gamma='finite_difference' cannot run .*thermostat"):
+    with pytest.raises(ValueError, match="gamma='finite_difference' cannot run"):
         load_sampler(path, gamma="finite_difference")
-
-
-def test_leapfrog_positions_can_be_set_for_a_file(tmp_path):
-    """``methods.nnsghmc.leapfrog`` reports the midpoints of a file's gradient points (its
-    ``half_step`` then travels in the chains' state), with either Gamma; off by default."""
-    path = tmp_path / "s.safetensors"
-    _nnsghmc(c=0.3, friction_units="per_step").save(str(path))
-    target = EnergyTarget(lambda x: 0.5 * (x**2).sum(-1), dim=3)
-    for on, gamma in ((False, "exact"), (True, "exact"), (True, "finite_difference")):
-        sampler = build_method(
-            "nnsghmc", {"leapfrog": on, "gamma": gamma}, 0.02, n_data=120, n_steps=10,
-            sampler_path=path,
-        )  # fmt: skip
-        state = sampler.step(sampler.init(torch.ones(2, 3), target), target)
-        state = sampler.step(state, target)
-        assert ("half_step" in state.extras) == on == sampler.leapfrog
-    config = load_benchmark_config(None, ["methods.nnsghmc.leapfrog=true"])
-    assert config.methods.nnsghmc.leapfrog
-    assert not load_benchmark_config(None, []).methods.nnsghmc.leapfrog
-
-
-def test_the_statistics_freeze_can_be_set_for_a_file(tmp_path):
-    """``methods.nnsghmc.stiffness_freeze_after`` sets the step after which a loaded
-    sampler's gradient statistic stops adapting (null keeps the file's); it must be a whole
-    step >= 1."""
-    path = tmp_path / "s.safetensors"
-    _nnsghmc(c=0.3, friction_units="per_step").save(str(path))
-    kept = build_method("nnsghmc", {}, 0.02, n_data=120, n_steps=10, sampler_path=path)
-    options = {"stiffness_freeze_after": 7, "precondition_power": 0.5, "gamma": "exact"}
-    set_ = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=path)
-    assert kept.stiffness_freeze_after is None and set_.stiffness_freeze_after == 7
-    for bad in (0, 2.5, "x"):
-        with pytest.raises(ConfigError, match="stiffness_freeze_after"):
-            load_benchmark_config(None, [f"methods.nnsghmc.stiffness_freeze_after={bad}"])
-
-
-def _freeze_benchmark(tmp_path, sampler_path, *extra: str):
-    cfg = load_benchmark_config(
-        None,
-        [
-            "name=nn_freeze", "seeds=[0]", "progress=false", "tensorboard=false",
-            "synthetic={n_train: 120, n_val: 60, n_test: 60, n_ood: 0, n_features: 4, "
-            "batch_size: 30}",
-            "budget={n_chains: 2, n_steps: 12, burn_in: 4, thin: 2, eval_every: 4}",
-            "tune={n_steps: 12, burn_in: 4, thin: 2, max_extensions: 4}",
-            "methods.nnsghmc.precondition_power=0.5", "methods.nnsghmc.gamma=exact",
-            "methods.nnsghmc.speed_limit=4.0",
-            *(f"methods.{m}.enabled=false" for m in ("sgld", "psgld", "sghmc", "msgnht")),
-            *(f"methods.{m}.enabled=false" for m in ("csgld", "csghmc", "sgdm", "adam")),
-            *extra,
-        ],
-    )  # fmt: skip
-    return _run_synthetic(cfg, sampler_path, tmp_path / "out").summary
-
-
-def test_the_statistics_freeze_step_is_tuned_with_the_step(tmp_path, monkeypatch):
-    """``methods.nnsghmc.stiffness_freeze_after_grid`` tunes the freeze step with the lr as the
-    friction grid is tuned: a validation score whose best freeze step (4) lies above the grid
-    extends it by whole steps to an interior choice, and every seed then runs with it."""
-    from metasampler.benchmark import transfer
-
-    def score(self, lr: float) -> float:
-        freeze = self.option_value
-        value = math.log(freeze / 4) ** 2 + math.log(lr / 0.005) ** 2
-        row = {"lr": lr, "val_nll": value, "diverged_at": None, "stiffness_freeze_after": freeze}
-        self.tuning_rows.append(row)
-        return value
-
-    path = _small_nets_file(tmp_path)
-    monkeypatch.setattr(transfer.MethodBenchmark, "_objective", score)
-    summary = _freeze_benchmark(
-        tmp_path,
-        path,
-        "methods.nnsghmc.lr_grid=[0.0025, 0.005, 0.01]",
-        "methods.nnsghmc.stiffness_freeze_after_grid=[1, 2]",
-    )
-    entry = summary["methods"]["nnsghmc"]
-    assert entry["tuned_option"] == "stiffness_freeze_after"
-    assert entry["stiffness_freeze_after_extensions"] == [4, 8]
-    assert entry["stiffness_freeze_after"] == 4 and entry["stiffness_freeze_after_interior"]
-    assert all(isinstance(r["stiffness_freeze_after"], int) for r in entry["tuning"])
-    assert entry["lr"] == 0.005 and entry["tuning_interior"] is True
-    assert "| NNSGHMC | V fixed after step | 1 → " in markdown_table(summary)
-    assert "stiffness_freeze_after" in tuning_csv(summary).splitlines()[0]
-
-    # the seed ran with V held after step 4: a sampler built by hand with it repeats the
-    # numbers, one that adapts throughout does not
-    ran = entry["runs"][0]["final"]["average_nll"]
-    held = _rerun_freeze_seed(path, entry["lr"], stiffness_freeze_after=4)
-    assert held == pytest.approx(ran, rel=1e-6)
-    assert _rerun_freeze_seed(path, entry["lr"]) != pytest.approx(ran, rel=1e-6)
-
-
-def _small_nets_file(tmp_path) -> str:
-    """A sampler file whose nets are scaled down (a stable sampler at the tests' steps)."""
-    path = tmp_path / "s.safetensors"
-    sampler = _nnsghmc(c=0.3, friction_units="per_step")
-    with torch.no_grad():
-        for p in sampler.parameters():
-            p.mul_(0.1)
-    sampler.save(str(path))
-    return path
-
-
-def _rerun_freeze_seed(path, lr: float, **chosen) -> float:
-    """Seed 0 of :func:`_freeze_benchmark` rebuilt by hand with the ``chosen`` options: its
-    posterior-average NLL."""
-    from metasampler.benchmark.run import EvalSet, run_method
-
-    problem = synthetic_classification_problem(
-        n_train=120, n_val=60, n_test=60, n_ood=0, n_features=4, batch_size=30
-    )
-    options = {"precondition_power": 0.5, "gamma": "exact", "speed_limit": 4.0, **chosen}
-    sampler = build_method("nnsghmc", options, lr, n_data=120, n_steps=12, sampler_path=path)
-    return run_method(
-        sampler, problem.target, problem.init,
-        main=EvalSet(problem.data.x_test, problem.data.y_test),
-        n_chains=2, n_steps=12, burn_in=4, thin=2, eval_every=4, seed=0,
-    ).final["average_nll"]  # fmt: skip
-
-
-def test_config_rejects_bad_freeze_grids():
-    for grid in ("[0, 10]", "[2.5, 10]"):
-        with pytest.raises(ConfigError, match="stiffness_freeze_after_grid"):
-            load_benchmark_config(None, [f"methods.nnsghmc.stiffness_freeze_after_grid={grid}"])
-    two_grids = [
-        "methods.nnsghmc.stiffness_freeze_after_grid=[10, 20]",
-        "methods.nnsghmc.momentum_decay_grid=[0.01, 0.1]",
-    ]
-    with pytest.raises(ConfigError, match="set methods.nnsghmc.tune_options_in_order"):
-        load_benchmark_config(None, two_grids)
-    for order in ("[momentum_decay]", "[lr, momentum_decay]", "[momentum_decay, momentum_decay]"):
-        with pytest.raises(ConfigError, match="tune_options_in_order"):
-            load_benchmark_config(
-                None, [*two_grids, f"methods.nnsghmc.tune_options_in_order={order}"]
-            )
-    with pytest.raises(ConfigError, match="tune_options_in_order"):  # (SGHMC has one option)
-        load_benchmark_config(
-            None, ["methods.sghmc.tune_options_in_order=[stiffness_freeze_after]"]
-        )
-
-
-def test_two_options_are_tuned_one_after_the_other(tmp_path, monkeypatch):
-    """With grids for the freeze step and the friction and ``tune_options_in_order`` naming
-    them, the freeze step is tuned with the lr at the file's friction, then the friction with
-    the lr at the chosen freeze step from a step grid centred on the step chosen so far, and
-    every seed runs with both choices."""
-    from metasampler.benchmark import transfer
-
-    def score(self, lr: float) -> float:
-        freeze, a = self._value_of("stiffness_freeze_after"), self._value_of("momentum_decay")
-        a = 0.3 if a is None else a  # (the file's friction in the first stage)
-        value = math.log(freeze / 4) ** 2 + math.log(a / 0.03) ** 2 + math.log(lr / a) ** 2
-        row = {"lr": lr, "val_nll": value, "diverged_at": None, "stage": self.option}
-        row.update({k: v for k, v in self.option_values().items() if v is not None})
-        self.tuning_rows.append(row)
-        return value
-
-    path = _small_nets_file(tmp_path)
-    monkeypatch.setattr(transfer.MethodBenchmark, "_objective", score)
-    order = ["stiffness_freeze_after", "momentum_decay"]
-    summary = _freeze_benchmark(
-        tmp_path,
-        path,
-        "methods.nnsghmc.lr_grid=[0.15, 0.3, 0.6]",
-        "methods.nnsghmc.stiffness_freeze_after_grid=[2, 4, 8]",
-        "methods.nnsghmc.momentum_decay_grid=[0.01, 0.03, 0.1]",
-        f"methods.nnsghmc.tune_options_in_order=[{', '.join(order)}]",
-    )
-    entry = summary["methods"]["nnsghmc"]
-    assert entry["tuned_options"] == order
-    first = [r for r in entry["tuning"] if r["stage"] == order[0]]
-    second = [r for r in entry["tuning"] if r["stage"] == order[1]]
-    assert first[0]["lr"] == 0.15 and all("momentum_decay" not in r for r in first)
-    assert {r["stiffness_freeze_after"] for r in first} == {2, 4, 8}
-    assert {r["stiffness_freeze_after"] for r in second} == {4}  # fixed at its choice
-    assert [r["lr"] for r in second[:3]] == [0.15, 0.3, 0.6]  # centred on stage one's 0.3
-    assert (entry["stiffness_freeze_after"], entry["momentum_decay"]) == (4, 0.03)
-    assert entry["lr"] == pytest.approx(0.0375)  # 0.3 halved three times: 0.03's best step
-    assert entry["momentum_decay_interior"] and entry["stiffness_freeze_after_interior"]
-    assert [r["chosen"] for r in entry["tuning"]].count(True) == 1
-    table = markdown_table(summary)
-    assert "| NNSGHMC | V fixed after step | 2 → " in table
-    assert "| NNSGHMC | friction/step a | 0.01 → " in table
-    stages = [line.split(",")[1] for line in tuning_csv(summary).splitlines()]
-    assert stages == ["stage"] + [r["stage"] for r in entry["tuning"]]
-
-    ran = entry["runs"][0]["final"]["average_nll"]
-    both = _rerun_freeze_seed(path, entry["lr"], stiffness_freeze_after=4, momentum_decay=0.03)
-    assert both == pytest.approx(ran, rel=1e-6)
-    assert _rerun_freeze_seed(path, entry["lr"], stiffness_freeze_after=4) != pytest.approx(
-        ran, rel=1e-6
-    )
-
-
-def test_a_fixed_freeze_step_is_recorded_so_that_seed_parts_merge(tmp_path):
-    """A freeze step fixed in the section (no grid) is recorded in the method's entry beside
-    the friction, so that seeds run later at a tuned part's choices merge with it, and seeds
-    run at another freeze step do not."""
-    path = _small_nets_file(tmp_path)
-    fixed = ["methods.nnsghmc.lr_grid=[0.005]", "methods.nnsghmc.momentum_decay_grid=[0.03]"]
-    freeze = "methods.nnsghmc.stiffness_freeze_after="
-    parts = [
-        _freeze_benchmark(tmp_path / str(seed), path, *fixed, f"seeds=[{seed}]", f"{freeze}{step}")
-        for seed, step in ((0, 4), (1, 4), (2, 8))
-    ]
-    entry = parts[0]["methods"]["nnsghmc"]
-    assert (entry["momentum_decay"], entry["stiffness_freeze_after"]) == (0.03, 4)
-    assert merge_seed_results(parts[:2]).summary["seeds"] == [0, 1]
-    with pytest.raises(ValueError, match="tuned differently"):
-        merge_seed_results([parts[0], parts[2]])
+    paper = tmp_path / "paper.safetensors"
+    _nnsghmc(curl_input="momentum", thermostat=False).save(str(paper))
+    options = {"gamma": "finite_difference"}
+    built = build_method("nnsghmc", options, 0.02, n_data=120, n_steps=10, sampler_path=paper)
+    assert built.gamma == "finite_difference"
 
 
 def _sgld_tuning(tmp_path, *tune: str) -> list[dict]:
