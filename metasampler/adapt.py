@@ -314,32 +314,33 @@ def _take(state: SamplerState, idx: Tensor, keys: set[str]) -> SamplerState:
     )
 
 
-def _assemble(
-    parts: Sequence[tuple[SamplerState, Tensor, Tensor]],
-    like: SamplerState,
-    keys: set[str],
-    n_chains: int,
-) -> SamplerState:
-    """An ``n_chains``-chain state from ``(state, rows, chains)`` parts: row ``rows[j]`` of
-    ``state`` becomes chain ``chains[j]``. A field that a part lacks (an energy before the
-    first step) is ``None``."""
+def _assemble(parts: Sequence[tuple[SamplerState, Tensor]], n_chains: int) -> SamplerState:
+    """An ``n_chains``-chain state from ``(state, chains)`` parts: row ``j`` of ``state``
+    becomes chain ``chains[j]``; the first part gives the rest (step, step size, shared
+    extras). Per-chain fields that a part lacks (a running statistic its chains have not
+    started, e.g. chains that waited while the others tried steps) take the first part's
+    rows, cycled: its chains' statistics stand in until the part's own take over."""
+    first = parts[0][0]
+    per_chain = [_chain_keys(state) for state, _ in parts]
+    keys = set().union(*per_chain)
 
     def gather(get: Callable[[SamplerState], Tensor | None]) -> Tensor | None:
-        pieces = [(get(s), r, c) for s, r, c in parts]
-        if any(p is None for p, _, _ in pieces):
+        donor = next((get(state) for state, _ in parts if get(state) is not None), None)
+        if donor is None:
             return None
-        first = pieces[0][0]
-        out = first.new_empty((n_chains, *first.shape[1:]))
-        for p, r, c in pieces:
-            out[c] = p[r]
+        out = donor.new_empty((n_chains, *donor.shape[1:]))
+        for state, chains in parts:
+            value = get(state)
+            if value is None or value.shape[1:] != donor.shape[1:]:
+                value = donor[torch.arange(len(chains)) % len(donor)]
+            out[chains] = value
         return out
 
-    extras = dict(like.extras)
+    extras = {n: v for n, v in first.extras.items() if n not in keys}
     for name in keys:
-        extras[name] = gather(lambda s, n=name: s.extras.get(n))
-    extras = {n: v for n, v in extras.items() if v is not None}
+        extras[name] = gather(lambda s, n=name: s.extras.get(n) if n in _chain_keys(s) else None)
     return replace(
-        like,
+        first,
         theta=gather(lambda s: s.theta),
         momentum=gather(lambda s: s.momentum),
         extras=extras,
@@ -700,14 +701,13 @@ class _Search:
         step = state.step + length
         best = _best(groups)
         if best is not None:
-            parts = [(best.state, torch.arange(len(trial)), trial)]
+            parts = [(best.state, trial)]
         else:  # every group diverged: the trial chains start again
             restart = self.sampler.init(self.start_theta[trial], self.target, self.generator)
-            parts = [(_with_extras(restart, state, trial, keys), torch.arange(len(trial)), trial)]
+            parts = [(replace(restart, step=state.step), trial)]
         if len(others):
-            waited = rest if rest is not None else _take(state, others, keys)
-            parts.append((waited, torch.arange(len(others)), others))
-        merged = _assemble(parts, replace(parts[0][0], step=step), keys, self.n_chains)
+            parts.append((rest if rest is not None else _take(state, others, keys), others))
+        merged = _assemble(parts, self.n_chains)
         merged.step = step
         return merged, groups
 
@@ -722,20 +722,6 @@ class _Search:
                 n_blocks, per_block, temperature, self.n_chains, window, self.kept_steps
             )
         return _ValidationStats(n_blocks, per_block, self.target, *self.validation)
-
-
-def _with_extras(
-    restart: SamplerState, state: SamplerState, chains: Tensor, keys: set[str]
-) -> SamplerState:
-    """``restart`` (fresh chains) with the running statistics ``state`` holds for ``chains``
-    (a preconditioner, a thermostat), so that the merged state has every field; its step is
-    ``state``'s."""
-    extras = dict(restart.extras)
-    for name in keys:
-        extras[name] = state.extras[name][chains]
-    energy = None if state.energy is None else state.energy[chains]
-    grad = None if state.grad is None else state.grad[chains]
-    return replace(restart, extras=extras, step=state.step, energy=energy, grad=grad)
 
 
 def _friction_of(sampler: Sampler) -> tuple[str | None, float | None]:
