@@ -652,8 +652,8 @@ class _Search:
         # e.g. within a cyclical schedule's exploration stage)
         steps = range(state.step + length - window + 1, state.step + length + 1)
         counted = {k for k in steps if self.sampler.collects(k)} or set(steps)
-        seed = int(torch.randint(2**62, (1,), generator=self.generator))
         device = self.generator.device
+        seed = int(torch.randint(2**62, (1,), generator=self.generator, device=device))
         groups = []
         for eta, friction in settings:
             sub = replace(_take(state, trial, keys), eta=eta)
