@@ -29,11 +29,11 @@ from metasampler.export import (
     load_sampler,
     read_header,
     save_sampler,
-    upgrade_sampler_file,
+    training_config,
 )
-from metasampler.learned import NNSGHMC
-from metasampler.sampler_file import header_checksum, tensor_checksum
-from metasampler.sampler_format import CHECKSUM_FULL, CHECKSUM_TENSORS
+from metasampler.learned import NNSGHMC, NNSGHMCArgs
+from metasampler.sampler_file import header_checksum
+from metasampler.sampler_format import CHECKSUM_FULL
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -44,23 +44,14 @@ SETTINGS = dict(
     q_hidden=(8, 6),
     d_hidden=(5,),
     activation="softplus",
-    d_output="abs",
-    beta_off=0.5,
-    alpha=0.1,
-    c=0.2,
-    q_clamp=3.0,
-    d_output_scale=2.0,
-    energy_input_scale=0.7,
-    grad_input_scale=1.3,
+    curl_input="momentum",
     gamma="finite_difference",
-    detach_inputs=False,
-    momentum_init="zeros",
-    d_clamp=4.0,
-    grad_input="per_datum",
-    friction_units="per_step",
-    leapfrog=True,
+    alpha=0.1,
+    friction_scale=0.05,
+    grad_input_scale=1.3,
+    thermostat=False,
 )
-BUFFERS = dict(energy_loc=0.3, energy_std=2.0, momentum_std=0.8, grad_std=1.7, train_dim=4)
+BUFFERS = dict(energy_loc=0.3, energy_std=2.0, momentum_std=0.8, train_dim=4)
 # (attribute path on the sampler, value expected from SETTINGS)
 CONSTANTS = {
     "eta": 0.03,
@@ -69,21 +60,12 @@ CONSTANTS = {
     "f_d.hidden": [5],
     "f_q.activation": "softplus",
     "f_d.activation": "softplus",
-    "f_d.output": "abs",
-    "beta_off": 0.5,
+    "curl_input": "momentum",
     "alpha": 0.1,
-    "c": 0.2,
-    "q_clamp": 3.0,
-    "d_output_scale": 2.0,
-    "energy_input_scale": 0.7,
+    "friction_scale": 0.05,
     "grad_input_scale": 1.3,
     "gamma": "finite_difference",
-    "detach_inputs": False,
-    "momentum_init": "zeros",
-    "d_clamp": 4.0,
-    "grad_input": "per_datum",
-    "friction_units": "per_step",
-    "leapfrog": True,
+    "thermostat": False,
 }
 
 
@@ -155,8 +137,6 @@ def rewrite(
     algorithm = head.get("checksum", {}).get("algorithm")
     if resign and algorithm == CHECKSUM_FULL:
         head["checksum"]["value"] = header_checksum(head, data)
-    elif resign and algorithm == CHECKSUM_TENSORS:
-        head["checksum"]["value"] = tensor_checksum(data)
     if metadata is None:
         metadata = {HEADER_KEY: json.dumps(head)}
     safetensors.torch.save_file(data, str(dst), metadata=metadata)
@@ -249,27 +229,22 @@ def test_header_contents(saved):
     sampler, path = saved
     header = read_header(path)
     assert header["format"] == FORMAT == "metasampler.nnsghmc"
-    assert header["format_version"] == FORMAT_VERSION == 9
+    assert header["format_version"] == FORMAT_VERSION == 10
     assert header["checksum"]["algorithm"] == CHECKSUM_FULL
     assert header["architecture"] == {
         "q_hidden": [8, 6],
         "d_hidden": [5],
         "activation": "softplus",
-        "d_output": "abs",
-        "q_output": "identity",
-        "q_momentum_input": True,
-        "q_stiffness_input": False,
+        "curl_input": "momentum",
         "dtype": "float32",
     }
-    assert header["constants"]["gamma"] == "finite_difference"
-    assert header["constants"]["alpha"] == 0.1
-    assert header["constants"]["d_clamp"] == 4.0
-    assert header["constants"]["grad_input"] == "per_datum"
-    assert header["constants"]["friction_units"] == "per_step"
-    assert header["constants"]["precondition_power"] == 0.0  # (format 6)
-    assert header["constants"]["stiffness_freeze_after"] is None  # (format 8)
-    assert header["constants"]["thermostat"] is False  # (format 9)
-    assert header["constants"]["leapfrog"] is True
+    assert header["constants"] == {
+        "gamma": "finite_difference",
+        "alpha": 0.1,
+        "friction_scale": 0.05,
+        "grad_input_scale": 1.3,
+        "thermostat": False,
+    }
     assert header["training"] == {"eta": 0.03, "lr": None, "temperature": 1.0}
     assert header["statistics"] == {k: v for k, v in BUFFERS.items() if k != "train_dim"}
     assert header["train_dim"] == 4
@@ -492,138 +467,101 @@ def test_wrong_format_name(saved, tmp_path):
         load_sampler(bad)
 
 
-@pytest.mark.parametrize("version", [99, 0, "1", 10])
+@pytest.mark.parametrize("version", [99, 11, 0, "1"])
 def test_other_format_version(saved, tmp_path, version):
     _, path = saved
     bad = rewrite(
         path, tmp_path / "v.safetensors", header=lambda h: h.update(format_version=version)
     )
-    message = f"written by format version {version!r}; this metasampler reads versions "
-    message += "1, 2, 3, 4, 5, 6, 7, 8 and 9"
+    message = f"written by format version {version!r}; this metasampler reads versions 10"
     with pytest.raises(SamplerFileError, match=re.escape(message)):
         load_sampler(bad)
     assert read_header(bad)["format_version"] == version  # inspection still works
 
 
-def as_version_1(header: dict) -> None:
-    """A version-1 header: written before d_clamp, grad_input and friction_units (version 2),
-    energy_input (version 3), q_momentum_input (version 4), q_stiffness_input and
-    stiffness_decay (version 5), precondition_power and precondition_range (version 6),
-    q_output, momentum_input_clamp and speed_limit (version 7), stiffness_freeze_after
-    (version 8), thermostat and leapfrog (version 9) existed."""
-    header["format_version"] = 1
-    for name in ("q_output", "q_momentum_input", "q_stiffness_input"):
-        del header["architecture"][name]
-    for name in (
-        "d_clamp", "grad_input", "friction_units", "energy_input", "stiffness_decay",
-        "precondition_power", "precondition_range", "momentum_input_clamp", "speed_limit",
-        "stiffness_freeze_after", "thermostat", "leapfrog",
-    ):  # fmt: skip
-        del header["constants"][name]
-    header["checksum"]["algorithm"] = "sha256"  # over the tensors only (set by rewrite)
+def as_version_9(header: dict) -> None:
+    """A version-9 header, as the release before this design wrote it: the switches of the
+    earlier design, and no curl_input or friction_scale."""
+    header["format_version"] = 9
+    architecture, constants = header["architecture"], header["constants"]
+    del architecture["curl_input"], constants["friction_scale"]
+    architecture.update(d_output="softplus", q_output="identity", q_momentum_input=True,
+                        q_stiffness_input=False)  # fmt: skip
+    constants.update(beta_off=0.0, c=0.1, q_clamp=5.0, d_output_scale=1.0, leapfrog=False,
+                     stiffness_freeze_after=None, friction_units="absolute")  # fmt: skip
 
 
-def test_version_1_file_loads_with_the_old_behaviour(tmp_path):
-    # A sampler with the constants' defaults, saved as version 2 and rewritten as version 1:
-    # same constants, same trajectory.
-    defaults = {"d_clamp": None, "grad_input": "standardised", "friction_units": "absolute"}
-    defaults["leapfrog"] = False
-    sampler = NNSGHMC(**{**SETTINGS, **defaults}, seed=3)
-    for name, value in BUFFERS.items():
-        getattr(sampler, name).fill_(value)
-    path = tmp_path / "v2.safetensors"
+@pytest.mark.parametrize("version", [9, 1])
+def test_a_file_of_an_earlier_design_is_refused_saying_how_to_replace_it(saved, tmp_path, version):
+    _, path = saved
+    old = rewrite(path, tmp_path / "v9.safetensors", header=as_version_9)
+    if version != 9:
+        old = rewrite(old, tmp_path / "v1.safetensors", header=lambda h: h.update(format_version=1))
+    with pytest.raises(SamplerFileError) as info:
+        load_sampler(old)
+    message = str(info.value)
+    assert f"{old} was written by format version {version}" in message
+    assert "reads versions 10" in message and "an earlier NNSGHMC design" in message
+    assert "Re-train it with train_meta.py" in message  # how to replace it
+    assert "metasampler.pretrained_samplers()" in message  # or what to load instead
+    assert "Traceback" not in message and "KeyError" not in message
+    assert read_header(old)["format_version"] == version  # inspection still works
+    with pytest.raises(SamplerFileError, match="earlier NNSGHMC design"):
+        ms.load_sampler(old, eta=0.01, gamma="exact")  # (overrides change nothing)
+
+
+def test_the_thermostat_and_the_curl_input_are_stored_and_checked(tmp_path):
+    sampler = NNSGHMC(eta=0.03, seed=3)  # the default design
+    path = tmp_path / "default.safetensors"
     save_sampler(sampler, path)
-    old = rewrite(path, tmp_path / "v1.safetensors", header=as_version_1)
-    with pytest.warns(ms.SamplerFileWarning, match="tensors only"):
-        loaded = load_sampler(old)
-    assert (loaded.d_clamp, loaded.grad_input, loaded.friction_units) == (
-        None,
-        "standardised",
-        "absolute",
-    )
-    assert torch.equal(toy_run(loaded), toy_run(sampler))
-    # The loader really reads the version-2 constants (the check can fail).
-    clamped = rewrite(
-        path, tmp_path / "c.safetensors", header=lambda h: h["constants"].update(d_clamp=0.5)
-    )
-    assert load_sampler(clamped).d_clamp == 0.5
-    with pytest.raises(SamplerFileError, match="'constants.d_clamp' must be null or a finite"):
-        load_sampler(
-            rewrite(
-                path,
-                tmp_path / "b.safetensors",
-                header=lambda h: h["constants"].update(d_clamp="x"),
-            )
-        )
-    with pytest.raises(SamplerFileError, match=r"\['constants.grad_input'\] missing"):
-        load_sampler(
-            rewrite(
-                path, tmp_path / "m.safetensors", header=lambda h: h["constants"].pop("grad_input")
-            )
-        )
-
-
-def test_upgrading_a_version_1_file_keeps_everything_and_adds_the_full_checksum(tmp_path):
-    defaults = {"d_clamp": None, "grad_input": "standardised", "friction_units": "absolute"}
-    defaults["leapfrog"] = False
-    sampler = NNSGHMC(**{**SETTINGS, **defaults}, seed=3)
-    for name, value in BUFFERS.items():
-        getattr(sampler, name).fill_(value)
-    save_sampler(sampler, tmp_path / "v2.safetensors", provenance={"seed": 7})
-    old = rewrite(tmp_path / "v2.safetensors", tmp_path / "v1.safetensors", header=as_version_1)
-    new = upgrade_sampler_file(old, tmp_path / "upgraded.safetensors")
-    header = read_header(new)
-    assert header["format_version"] == FORMAT_VERSION
-    assert header["checksum"]["algorithm"] == CHECKSUM_FULL
-    provenance = read_header(old)["provenance"]
-    assert header["provenance"] == {**provenance, "upgraded_from_format_version": 1}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no SamplerFileWarning any more
-        upgraded = load_sampler(new)
-    for name, value in sampler.state_dict().items():
-        assert torch.equal(upgraded.state_dict()[name], value), name
-    expected = {**CONSTANTS, **defaults}
-    assert {key: attr(upgraded, key) for key in expected} == expected
-
-
-def test_the_thermostat_is_stored_and_a_version_8_file_runs_without_it(tmp_path):
-    # Version 9 stores the sampler's thermostat and leapfrog positions, so a file recommends
-    # how it is run; a version-8 file has neither and runs without both, as it did.
-    sampler = NNSGHMC(eta=0.03, seed=3, thermostat=True)
-    path = tmp_path / "v9.safetensors"
-    save_sampler(sampler, path)
-    assert read_header(path)["constants"]["thermostat"] is True
-    loaded = load_sampler(path)
-    assert loaded.thermostat and not loaded.leapfrog
-    assert torch.equal(toy_run(loaded), toy_run(sampler))
-
-    def as_version_8(header: dict) -> None:
-        header["format_version"] = 8
-        del header["constants"]["thermostat"], header["constants"]["leapfrog"]
-
-    old = load_sampler(rewrite(path, tmp_path / "v8.safetensors", header=as_version_8))
-    assert not old.thermostat and not old.leapfrog
-    sampler.thermostat = False
-    assert torch.equal(toy_run(old), toy_run(sampler))
-    with pytest.raises(SamplerFileError, match="'constants.thermostat' must be true or false"):
-        load_sampler(
-            rewrite(path, tmp_path / "x.safetensors", header=lambda h: h["constants"].update(
-                thermostat=1))
-        )  # fmt: skip
-
-
-@pytest.mark.parametrize("path", sorted((TESTS_DIR.parent / "pretrained").glob("*.safetensors")))
-def test_shipped_files_load_with_the_old_behaviour(path):
     header = read_header(path)
-    with warnings.catch_warnings():  # (version 1: SamplerFileWarning, header not covered)
-        warnings.simplefilter("ignore", ms.SamplerFileWarning)
-        loaded = load_sampler(path)
-    if header["format_version"] == 1:
-        assert (loaded.d_clamp, loaded.grad_input, loaded.friction_units) == (
-            None,
-            "standardised",
-            "absolute",
-        )
+    assert header["constants"]["thermostat"] is True
+    assert header["architecture"]["curl_input"] == "stiffness"
+    loaded = load_sampler(path)
+    assert loaded.thermostat and loaded.uses_stiffness
+    assert torch.equal(toy_run(loaded), toy_run(sampler))
+    for section, name, bad, why in (
+        ("constants", "thermostat", 1, "true or false"),
+        ("architecture", "curl_input", "energy", "one of ('stiffness', 'momentum')"),
+    ):
+
+        def edit(h, section=section, name=name, bad=bad):
+            h[section][name] = bad
+
+        edited = rewrite(path, tmp_path / f"{name}.safetensors", header=edit)
+        with pytest.raises(SamplerFileError, match=re.escape(f"'{section}.{name}' must be {why}")):
+            load_sampler(edited)
+
+
+SHIPPED = sorted((TESTS_DIR.parent / "pretrained").glob("*.safetensors"))
+
+
+def test_few_samplers_are_shipped_and_the_constructor_takes_few_arguments():
+    import inspect
+
+    assert 1 <= len(ms.pretrained_samplers()) <= 4
+    assert len(inspect.signature(ms.NNSGHMC).parameters) <= 16
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_a_shipped_file_is_what_its_config_trains(path):
+    # The run config the header stores (YAML text) gives the file's architecture and
+    # constants, and its sampler section is the one configs/<name>.yaml ships.
+    from omegaconf import OmegaConf
+
+    from experiments.run_config import load_config
+
+    header = read_header(path)
+    loaded = load_sampler(path.stem)
+    stored = training_config(path)
+    from_header = NNSGHMCArgs.from_header(header["architecture"], header["constants"])
+    assert NNSGHMCArgs.from_config(stored.sampler) == from_header == loaded.arguments()
+    assert (stored.sampler.eta, stored.sampler.lr) == (loaded.eta, loaded.lr)
+    assert stored.sampler.calibrate_steps == 0 or float(loaded.momentum_std) != 1.0
+    config = TESTS_DIR.parent / "configs" / f"{path.stem}.yaml"
+    assert config.is_file(), f"no {config.name} for the shipped {path.name}"
+    shipped = OmegaConf.to_container(load_config(config).sampler, enum_to_str=True)
+    assert OmegaConf.to_container(stored.sampler, enum_to_str=True) == shipped
 
 
 def test_header_not_json_or_incomplete(saved, tmp_path):
@@ -690,7 +628,7 @@ def test_integer_tensor(saved, tmp_path):
         load_sampler(bad)
 
 
-@pytest.mark.parametrize("name", ["f_d.layers.0.weight", "grad_std"])
+@pytest.mark.parametrize("name", ["f_d.layers.0.weight", "momentum_std"])
 def test_non_finite_tensor(saved, tmp_path, name):
     _, path = saved
 
@@ -713,9 +651,9 @@ def test_corrupted_data_and_inconsistent_header(saved, tmp_path):
     with pytest.raises(SamplerFileError, match="do not match the checksum"):
         load_sampler(bad)
     bad = rewrite(
-        path, tmp_path / "d.safetensors", header=lambda h: h["statistics"].update(grad_std=9.0)
+        path, tmp_path / "d.safetensors", header=lambda h: h["statistics"].update(energy_std=9.0)
     )
-    with pytest.raises(SamplerFileError, match="header says grad_std = 9.0"):
+    with pytest.raises(SamplerFileError, match="header says energy_std = 9.0"):
         load_sampler(bad)
 
     def zero_std(t):
@@ -727,11 +665,9 @@ def test_corrupted_data_and_inconsistent_header(saved, tmp_path):
 
 
 def test_training_config_reads_the_run_config_a_file_stores(tmp_path):
-    from metasampler.export import save_sampler, training_config
-
-    shipped = training_config("toy_gaussian_noise_estimate")  # by name, as load_sampler
-    assert shipped.sampler.grad_noise_estimate is True
+    shipped = training_config("toy_gaussian")  # by name, as load_sampler
+    assert shipped.sampler.thermostat is True and shipped.sampler.curl_input == "stiffness"
     assert shipped.task.kind == "paper_train_gaussian"
     bare = tmp_path / "bare.safetensors"
-    save_sampler(ms.load_sampler("toy_gaussian_noise_estimate"), bare, provenance={"config": None})
+    save_sampler(ms.load_sampler("toy_gaussian"), bare, provenance={"config": None})
     assert len(training_config(bare)) == 0

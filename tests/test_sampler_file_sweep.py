@@ -1,4 +1,4 @@
-"""A seeded sweep of altered sampler files (issue #15 acceptance): every variant either loads
+"""A seeded sweep of altered sampler files: every variant either loads
 to a sampler identical to the original or raises :class:`SamplerFileError` — never another
 exception, never a different sampler."""
 
@@ -31,10 +31,10 @@ SEED = 20261123
 
 def original_sampler() -> NNSGHMC:
     sampler = NNSGHMC(
-        eta=0.01, q_hidden=(4, 3), d_hidden=(3,), beta_off=0.5, alpha=0.1, c=0.2,
-        d_output_scale=2.0, gamma="finite_difference", seed=3,
+        eta=0.01, q_hidden=(4, 3), d_hidden=(3,), alpha=0.1, friction_scale=0.2,
+        curl_input="momentum", thermostat=False, gamma="finite_difference", seed=3,
     )  # fmt: skip
-    for name, value in dict(energy_loc=0.3, energy_std=2.0, momentum_std=0.8, grad_std=1.7).items():
+    for name, value in dict(energy_loc=0.3, energy_std=2.0, momentum_std=0.8).items():
         getattr(sampler, name).fill_(value)
     sampler.train_dim.fill_(4)
     return sampler
@@ -43,12 +43,8 @@ def original_sampler() -> NNSGHMC:
 def signature(sampler: NNSGHMC) -> tuple:
     """Everything that makes a loaded sampler behave as it does."""
     constants = (
-        sampler.eta, sampler.lr, sampler.temperature, tuple(sampler.f_q.hidden),
-        tuple(sampler.f_d.hidden), sampler.f_q.activation, sampler.f_d.activation,
-        sampler.f_d.output, sampler.beta_off, sampler.alpha, sampler.c, sampler.q_clamp,
-        sampler.d_output_scale, sampler.energy_input_scale, sampler.grad_input_scale,
-        sampler.gamma, sampler.momentum_init, sampler.detach_inputs,
-        *(getattr(sampler, n, None) for n in ("d_clamp", "grad_input", "friction_units")),
+        sampler.eta, sampler.lr, sampler.temperature, sampler.arguments(),
+        sampler.f_q.activation, sampler.f_d.activation, sampler.f_d.output,
     )  # fmt: skip
     tensors = tuple(
         (name, value.dtype, tuple(value.shape), value.reshape(-1).tolist())
@@ -124,21 +120,15 @@ def dumps(value) -> str:
 # Hand edits of the right type (each gives another sampler if it loads) and of the wrong type.
 VALID_EDITS = [
     ("architecture", "activation", "relu"),
-    ("architecture", "d_output", "abs"),
     ("architecture", "q_hidden", [4, 4]),
     ("architecture", "dtype", "float64"),
     ("constants", "gamma", "exact"),
-    ("constants", "detach_inputs", False),
-    ("constants", "d_output_scale", 0.0),
-    ("constants", "beta_off", -1.0),
+    ("constants", "friction_scale", 0.0),
+    ("constants", "grad_input_scale", 70.0),
     ("constants", "alpha", 0.2),
-    ("constants", "momentum_init", "zeros"),
-    ("constants", "d_clamp", 5.0),
-    ("constants", "grad_input", "per_datum"),
-    ("constants", "friction_units", "per_step"),
     ("training", "eta", 0.41),
     ("training", "temperature", 2.0),
-    ("statistics", "grad_std", 1.7000000000000002),
+    ("statistics", "momentum_std", 0.8000000000000002),
     (None, "train_dim", 5),
 ]
 INVALID_EDITS = [
@@ -150,13 +140,17 @@ INVALID_EDITS = [
     ("architecture", "dtype", "float8_e4m3fn"),
     ("architecture", "dtype", "int64"),
     ("architecture", "activation", "gelu"),
-    ("constants", "d_output_scale", 1e308),
+    ("architecture", "curl_input", "energy"),
+    ("constants", "friction_scale", 1e308),
     ("constants", "alpha", -1.0),
-    ("constants", "q_clamp", 0.0),
-    ("constants", "c", "0.2"),
-    ("constants", "detach_inputs", 1),
+    ("constants", "grad_input_scale", 0.0),
+    ("constants", "friction_scale", "0.2"),
+    ("constants", "thermostat", 1),
     ("constants", "gamma", None),
-    ("constants", "grad_input", "raw"),
+    ("constants", "c", 0.2),  # (a constant of an earlier design)
+    # (each needs exact Gamma: this file's is finite differences)
+    ("architecture", "curl_input", "stiffness"),
+    ("constants", "thermostat", True),
     ("training", "eta", True),
     ("training", "eta", 1e300),
     ("training", "lr", 0.1),  # both eta and lr
@@ -167,15 +161,16 @@ INVALID_EDITS = [
     ("checksum", "value", "zz"),
     (None, "train_dim", -1),
     (None, "train_dim", 2**80),
-    (None, "format_version", 4),
+    (None, "format_version", 9),
     (None, "format_version", "2"),
     (None, "extra", {}),
     (None, "provenance", nested(5000)),
     (None, "provenance", "text"),
 ]
 MISSING = [
-    ("architecture", "dtype"), ("constants", "alpha"), ("constants", "friction_units"),
-    ("training", "temperature"), ("statistics", "grad_std"), (None, "train_dim"),
+    ("architecture", "dtype"), ("architecture", "curl_input"), ("constants", "alpha"),
+    ("constants", "thermostat"), ("training", "temperature"), ("statistics", "momentum_std"),
+    (None, "train_dim"),
     (None, "checksum"), (None, "provenance"),
 ]  # fmt: skip
 DTYPE_CODES = ["F16", "BF16", "F64", "I64", "I32", "U8", "BOOL", "F8_E4M3", "F8_E5M2", "C64"]
@@ -288,14 +283,14 @@ def test_altered_sampler_files_load_identically_or_raise_sampler_file_error(tmp_
     [
         (setter("architecture", "q_hidden", [10**8]), r"widths in \[1, 1024\]"),
         (setter("statistics", "bogus", 1.0), r"unknown header field\(s\) \['statistics.bogus'\]"),
-        (setter("constants", "d_output_scale", 1e308), "'constants.d_output_scale' must be"),
+        (setter("constants", "friction_scale", 1e308), "'constants.friction_scale' must be"),
         (setter(None, "provenance", nested(5000)), "nests deeper than"),
         (setter("architecture", "dtype", "float8_e4m3fn"), "'architecture.dtype' must be one of"),
     ],
 )
 def test_crashes_of_the_old_loader_are_named_errors(tmp_path, edit, message):
-    """Each of these gave a raw traceback (or a 3.6 GiB allocation) before issue #15, even
-    with a consistent checksum."""
+    """Each of these once gave a raw traceback (or a 3.6 GiB allocation), even with a
+    consistent checksum."""
     original = tmp_path / "original.safetensors"
     save_sampler(original_sampler(), original)
     bad = tmp_path / "bad.safetensors"
@@ -328,8 +323,8 @@ def test_dtype_disagreement_is_not_cast(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("pretrained/*.safetensors")))
 def test_shipped_files_are_current_format_and_load_without_a_warning(path):
-    # The shipped samplers were re-saved with upgrade_sampler_file: their checksum covers the
-    # header too, so loading them verifies everything and warns about nothing.
+    # The shipped samplers are of the current format: their checksum covers the header too,
+    # so loading them verifies everything and warns about nothing.
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sampler = load_sampler(path, lr=0.01)
