@@ -11,14 +11,19 @@ step; a criterion ranks them and the search narrows on a log grid:
 2. **Step** (a quarter of what is left): three groups at ``best / 2``, ``best``, ``2 best``.
 3. **Friction** (a fifth; samplers with a ``friction``, SGHMC's ``C``, or a ``diffusion``,
    SGNHT's ``A``): three groups at the chosen step with 1/2, 1 and 2 times the friction, that
-   is the friction per step ``eta C``.
+   is the friction per step ``eta C``. The sampler's friction stays unless another scores
+   better by more than two standard errors (a friction is seldom far off, and a trial sees
+   the heat a lower one brings less clearly than the mixing it buys).
 4. **Step again** (3/10): three groups at ``best / f``, ``best``, ``best * f`` with
    ``f = sqrt(2)`` (2 where round 2's best was at its end).
 5. **Settle** (the rest, at least a quarter): every chain at the chosen step and friction.
 
 The kept samples are then drawn with that fixed kernel: the step and the friction never
-change again (a schedule, e.g. cSGHMC's cyclical one, still multiplies the chosen base step;
-a sampler's own warm-up statistics are fixed by its ``end_warmup`` as in a plain run).
+change again; a sampler's own warm-up statistics are fixed by its ``end_warmup`` as in a plain
+run. A sampler with a schedule (cSGHMC's cyclical one, a decay) is searched with constant
+steps, and its base step is set so that the schedule's mean multiplier over the kept run's
+sampling steps times it is the chosen constant step (``AdaptResult.schedule_scale``); the
+schedule then runs as it would.
 
 **Groups.** Every group of a round runs a copy of the same trial chains (``max(8, K / G)`` of
 the ``K`` chains, drawn afresh each round) with the same random numbers (noise and
@@ -91,6 +96,7 @@ from torch import Tensor
 
 from .samplers.base import Sampler, SamplerState, check_finite
 from .samplers.hmc import HMC
+from .schedules import Constant
 from .targets import NonFiniteError, Target
 
 __all__ = ["Adapt", "AdaptResult", "Trial", "FRICTION_ATTRIBUTES", "MIN_BURN_IN"]
@@ -215,6 +221,10 @@ class AdaptResult:
         generator_state: the generator's state at that point (``torch.Generator.set_state``).
         settle_steps: burn-in steps all chains ran at the chosen kernel before the first kept
             sample.
+        schedule_scale: for a sampler with a schedule, its mean multiplier over the kept
+            run's sampling steps: the search tried constant steps (``Trial.eta``) and ``eta``
+            is the chosen one divided by it, so that the schedule's mean step is the chosen
+            one (1 for a constant step).
     """
 
     eta: float
@@ -228,6 +238,7 @@ class AdaptResult:
     state: SamplerState
     generator_state: Tensor
     settle_steps: int
+    schedule_scale: float = 1.0
 
     @property
     def friction_per_step(self) -> float | None:
@@ -687,8 +698,12 @@ class _Search:
                 elif (length - 1 - t) % every == 0:
                     g.stats.update(g.state.theta)
             if rest is not None:
-                rest = rest_sampler.step(rest, self.target, self.generator)
-                check_finite(rest.step, position=rest.theta)
+                try:
+                    rest = rest_sampler.step(rest, self.target, self.generator)
+                    check_finite(rest.step, position=rest.theta)
+                except NonFiniteError:  # (rare: the best step so far) they start again
+                    fresh = self.sampler.init(self.start_theta[others], self.target, self.generator)
+                    rest = replace(fresh, step=state.step + t + 1, eta=carry[0])
             self.advance(1)
         for g in groups:
             if g.error is None:
@@ -722,6 +737,17 @@ class _Search:
                 n_blocks, per_block, temperature, self.n_chains, window, self.kept_steps
             )
         return _ValidationStats(n_blocks, per_block, self.target, *self.validation)
+
+
+def _schedule_scale(sampler: Sampler, start: int, kept_steps: int) -> float:
+    """The mean multiplier the sampler's schedule puts on its step over the sampling steps
+    of the kept run after step ``start`` (1 for a constant schedule)."""
+    if isinstance(sampler.schedule, Constant) or kept_steps < 1:
+        return 1.0
+    stride = max(1, kept_steps // 4096)
+    values = [sampler.schedule(k) for k in range(start + 1, start + kept_steps + 1, stride)]
+    scales = [v.scale for v in values if not v.explore and v.scale > 0]
+    return sum(scales) / len(scales) if scales else 1.0
 
 
 def _friction_of(sampler: Sampler) -> tuple[str | None, float | None]:
@@ -767,6 +793,18 @@ def _choose(groups: list[_Group], attr: str) -> tuple[float, bool] | None:
     return math.exp(sum(values) / len(values)), i in (0, len(ordered) - 1)
 
 
+def _clearly_worse_than_best(group: _Group | None, groups: list[_Group]) -> bool:
+    """Whether ``group`` diverged or scored worse than the round's best by more than two
+    standard errors of the paired difference."""
+    best = _best(groups)
+    if group is None or best is None or group.error is not None:
+        return True
+    if not math.isfinite(group.score):
+        return True
+    paired = [a - b for a, b in zip(group.leave_out, best.leave_out, strict=False)]
+    return group.score - best.score > 2.0 * _jackknife_se(paired)
+
+
 def _friction_ok(sampler: Sampler, name: str, value: float) -> bool:
     """SGHMC needs ``noise_estimate <= friction``."""
     return not (name == "friction" and value < getattr(sampler, "noise_estimate", 0.0))
@@ -803,8 +841,15 @@ def adapt_burn_in(
             pick = pick[: config.max_validation]
             x, y = x[pick.to(x.device)], y[pick.to(y.device)]
         validation = (x, y)
+    # a schedule: the search tries constant steps, the schedule's mean multiplier over the
+    # kept run's sampling steps times the base step
+    scale = _schedule_scale(sampler, state.step + burn_in, kept_steps)
+    trial_sampler = sampler
+    if not isinstance(sampler.schedule, Constant):
+        trial_sampler = copy.copy(sampler)
+        trial_sampler.schedule = Constant()
     search = _Search(
-        sampler, target, config, generator, n_chains, max(1, kept_steps), advance,
+        trial_sampler, target, config, generator, n_chains, max(1, kept_steps), advance,
         state.theta.detach().clone(), name, validation,
     )  # fmt: skip
     start_eta = float(state.eta)
@@ -814,7 +859,7 @@ def adapt_burn_in(
 
     # 1. bracket, moved while the best is at an end
     bracket_len = burn_in // 8
-    centre, best, moves = start_eta, None, 0
+    centre, best, moves = start_eta * scale, None, 0
     tried: list[float] = []
     carry = None  # the other chains wait until a step is known
     while True:
@@ -839,7 +884,7 @@ def adapt_burn_in(
         first = next((t.error for t in search.trials if t.error), "")
         raise NonFiniteError(
             f"adapt: every step tried diverged ({min(tried):.3g} to {max(tried):.3g}, from "
-            f"the sampler's {start_eta:.3g}); the target may not be finite near the start "
+            f"the sampler's {start_eta * scale:.3g}); the target may not be finite near the start "
             f"positions. First error: {first}",
             quantity="adapted step",
         )
@@ -865,13 +910,16 @@ def adapt_burn_in(
         settings = [(eta, f) for f in options if _friction_ok(sampler, name, f)]
         state, groups = search.run_round(state, settings, friction_len, "friction", (eta, friction))
         used += friction_len
+        kept = next((g for g in groups if g.friction == friction), None)
         chosen = _choose(groups, "friction")
-        if chosen is not None:
+        # the sampler's friction stays unless another is clearly better
+        if chosen is not None and _clearly_worse_than_best(kept, groups):
             friction = chosen[0]
     factor = 2.0 if at_end else math.sqrt(2.0)
     eta, _ = step_round(eta, [1.0 / factor, 1.0, factor], last_len)
 
     # 5. settle: every chain at the chosen kernel
+    eta = eta / scale  # (a schedule's base step)
     final = copy.copy(sampler)
     final.eta, final.lr = eta, None
     if name is not None and friction is not None:
@@ -899,5 +947,6 @@ def adapt_burn_in(
         state=state,
         generator_state=generator.get_state(),
         settle_steps=settle,
+        schedule_scale=scale,
     )
     return state, final, result

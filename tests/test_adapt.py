@@ -197,6 +197,12 @@ def test_every_sampler_adapts(make):
         assert _kl(result, mean, cov) < 1.0
     if isinstance(sampler, ms.samplers.SGNHT):
         assert adapted.friction_name == "diffusion"
+    if isinstance(sampler.schedule, ms.schedules.CyclicalCosine):
+        # constant steps were tried; the base step makes the schedule's mean step the choice
+        assert 0.2 < adapted.schedule_scale < 0.6
+        assert adapted.sampler.schedule is sampler.schedule
+    else:
+        assert adapted.schedule_scale == 1.0
     if isinstance(sampler, ms.NNSGHMC):
         assert adapted.friction is None  # its nets give the friction
 
