@@ -166,6 +166,7 @@ class NNSGHMC(nn.Module, Sampler):
         # Not `self.compile`: that would shadow nn.Module.compile.
         self.use_compile = compile
         self.step_path = "auto"  # see `fast.PATHS`
+        self._fixed_stiffness = stats.FixedStiffness()
         # Input statistics (Gong et al. 2019 appendix E), measured by `calibrate`; exported.
         self.register_buffer("energy_loc", torch.tensor(0.0, dtype=torch.float64))
         self.register_buffer("energy_std", torch.tensor(1.0, dtype=torch.float64))
@@ -262,7 +263,9 @@ class NNSGHMC(nn.Module, Sampler):
         if self.uses_stiffness:  # V of the earlier steps (the first step: its own gradient's)
             chain_stats = stats.update_chain_statistics(extras, ev, k)
             past = extras.get("grad_sq", chain_stats["grad_sq"])
-            stiffness = self._stiffness_given(stats.stiffness_input(past, eta), p)
+            fixed = stats.FROZEN in extras  # (V fixed: its input computed once, not per step)
+            s = self._fixed_stiffness.of(past, eta) if fixed else stats.stiffness_input(past, eta)
+            stiffness = self._stiffness_given(s, p)
         args = StepArgs(
             state.theta, p, ev.grad, prior_grad, u, noise, cache, *self._nets(p.dtype), v,
             self._config(gamma, True), stiffness, self._thermostat_state(p, extras),

@@ -19,6 +19,7 @@ makes exact.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -27,7 +28,14 @@ from torch import Tensor
 from ..gradient_noise import running_mean
 from ..targets import Evaluation
 
-__all__ = ["DECAY", "FROZEN", "stiffness_input", "update_chain_statistics", "update_grad_sq"]
+__all__ = [
+    "DECAY",
+    "FROZEN",
+    "FixedStiffness",
+    "stiffness_input",
+    "update_chain_statistics",
+    "update_grad_sq",
+]
 
 #: ``V`` is a running mean over about ``1 / (1 - DECAY)`` steps.
 DECAY = 0.99
@@ -58,4 +66,28 @@ def freeze(extras: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 def stiffness_input(grad_sq: Tensor, eta: float) -> Tensor:
     """``s_i = log(eta sqrt(V_i))`` from the running mean ``V`` of ``(d_i Ũ)^2``."""
-    return 0.5 * (grad_sq.clamp_min(1e-30) * (eta * eta)).log()
+    # (in place on clamp_min's new tensor: one allocation, the same operations and numbers)
+    return grad_sq.clamp_min(1e-30).mul_(eta * eta).log_().mul_(0.5)
+
+
+class FixedStiffness:
+    """The stiffness input of a fixed ``V`` (after the warm-up), computed once: while the
+    chains' ``V`` is the same tensor, unchanged, and the step is the same, :meth:`of` returns
+    the input it computed before (the same numbers), so a step after the warm-up makes no
+    pass over the coordinates for it. Holds a weak reference to ``V``."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._value: Tensor | None = None
+
+    def of(self, grad_sq: Tensor, eta: float) -> Tensor:
+        """``stiffness_input(grad_sq, eta)``, from the cache when ``grad_sq`` is unchanged."""
+        key = self._key
+        if key is not None and key[0]() is grad_sq and key[1:] == (grad_sq._version, eta):
+            return self._value
+        value = stiffness_input(grad_sq, eta)
+        self._key, self._value = (weakref.ref(grad_sq), grad_sq._version, eta), value
+        return value
+
+    def __getstate__(self) -> dict:
+        return {"_key": None, "_value": None}  # (a weak reference cannot be pickled)

@@ -133,3 +133,39 @@ def test_stiffness_arguments_are_checked():
     theta = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="grad_sq"):
         NNSGHMC(eta=0.1).drift_terms(theta, theta, stiff_and_broad().target())
+
+
+def test_a_fixed_v_gives_its_stiffness_input_once_and_the_same_chain(monkeypatch):
+    # After the warm-up V is fixed: its input log(eta sqrt(V)) is computed once, not per step,
+    # and the chain is bit for bit the one that recomputes it each step.
+    from metasampler.learned import stiffness as stats
+
+    calls = []
+    original = stats.stiffness_input
+    monkeypatch.setattr(
+        stats, "stiffness_input", lambda v, eta: calls.append(eta) or original(v, eta)
+    )
+    target = ms.EnergyTarget(lambda x: 0.5 * (x * x * torch.arange(1.0, 4.0)).sum(-1), 3)
+    init = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    thetas = []
+    for cached in (True, False):
+        sampler = NNSGHMC(eta=0.05, q_hidden=(4,), d_hidden=(4,), compile=False)
+        if not cached:
+            sampler._fixed_stiffness = type("PerStep", (), {"of": staticmethod(original)})()
+        gen = torch.Generator().manual_seed(1)
+        state = sampler.init(init.clone(), target, gen)
+        for _ in range(3):
+            state = sampler.step(state, target, gen)
+        state, calls[:] = sampler.end_warmup(state), []
+        for _ in range(4):
+            state = sampler.step(state, target, gen)
+        assert len(calls) == (1 if cached else 0)
+        thetas.append(state.theta)
+    assert torch.equal(*thetas)
+    # another V, V changed in place, or another step: computed afresh
+    fixed, v = stats.FixedStiffness(), torch.tensor([4.0, 9.0])
+    first = fixed.of(v, 0.1)
+    assert fixed.of(v, 0.1) is first and fixed.of(v.clone(), 0.1) is not first
+    v.mul_(4.0)
+    torch.testing.assert_close(fixed.of(v, 0.1), first + math.log(2.0))
+    torch.testing.assert_close(fixed.of(v, 0.2), first + 2 * math.log(2.0))
