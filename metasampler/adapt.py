@@ -22,8 +22,9 @@ The kept samples are then drawn with that fixed kernel: the step and the frictio
 change again; a sampler's own warm-up statistics are fixed by its ``end_warmup`` as in a plain
 run. A sampler with a schedule (cSGHMC's cyclical one, a decay) is searched with constant
 steps, and its base step is set so that the schedule's mean multiplier over the kept run's
-sampling steps times it is the chosen constant step (``AdaptResult.schedule_scale``); the
-schedule then runs as it would.
+sampling steps times it is the chosen constant step (``AdaptResult.schedule_scale``), but no
+larger than the schedule's peak takes beyond the largest step that held in a trial (a cycle's
+first steps run at the full base step); the schedule then runs as it would.
 
 **Groups.** Every group of a round runs a copy of the same trial chains (``max(8, K / G)`` of
 the ``K`` chains, drawn afresh each round) with the same random numbers (noise and
@@ -224,7 +225,8 @@ class AdaptResult:
         schedule_scale: for a sampler with a schedule, its mean multiplier over the kept
             run's sampling steps: the search tried constant steps (``Trial.eta``) and ``eta``
             is the chosen one divided by it, so that the schedule's mean step is the chosen
-            one (1 for a constant step).
+            one (at most the largest step that held in a trial over the schedule's peak
+            multiplier); 1 for a constant step.
     """
 
     eta: float
@@ -750,6 +752,14 @@ def _schedule_scale(sampler: Sampler, start: int, kept_steps: int) -> float:
     return sum(scales) / len(scales) if scales else 1.0
 
 
+def _schedule_peak(sampler: Sampler, steps: int) -> float:
+    """The largest multiplier the sampler's schedule puts on its step over ``steps`` steps
+    (a cycle's first step), at least 1e-12."""
+    stride = max(1, steps // 4096)
+    peak = max(sampler.schedule(k).scale for k in range(1, steps + 1, stride))
+    return max(peak, 1e-12)
+
+
 def _friction_of(sampler: Sampler) -> tuple[str | None, float | None]:
     for name in FRICTION_ATTRIBUTES:
         value = getattr(sampler, name, None)
@@ -919,7 +929,9 @@ def adapt_burn_in(
     eta, _ = step_round(eta, [1.0 / factor, 1.0, factor], last_len)
 
     # 5. settle: every chain at the chosen kernel
-    eta = eta / scale  # (a schedule's base step)
+    if scale != 1.0:  # a schedule's base step, its peak no larger than a step that held
+        held = max(t.eta for t in search.trials if t.error is None and math.isfinite(t.score))
+        eta = min(eta / scale, held / _schedule_peak(sampler, search.kept_steps))
     final = copy.copy(sampler)
     final.eta, final.lr = eta, None
     if name is not None and friction is not None:
