@@ -13,6 +13,7 @@ from . import benchmark, diagnostics, distributed, meta, samplers, schedules
 from ._version import __version__ as __version__
 from .adapt import Adapt, AdaptResult
 from .bayesian import BayesianModel, Predictive, assign_params, flatten_params, unflatten_params
+from .devices import DeviceError
 from .export import SamplerFileError, load_sampler, pretrained_samplers
 from .learned import NNSGHMC
 from .posterior import ConvergenceWarning, Summary, summary
@@ -24,6 +25,7 @@ __all__ = [
     "AdaptResult",
     "BayesianModel",
     "ConvergenceWarning",
+    "DeviceError",
     "NNSGHMC",
     "Predictive",
     "Summary",

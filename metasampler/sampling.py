@@ -143,7 +143,8 @@ def sample(
         n_steps: number of steps per chain.
         init: ``(K, D)`` start positions, a function ``generator -> (K, D)``, a state from an
             earlier run (to continue it), or ``None`` for ``N(0, I)`` starts.
-        burn_in: steps discarded before the first kept sample.
+        burn_in: steps discarded before the first kept sample: the warm-up, after which the
+            sampler fixes what it adapts (e.g. NNSGHMC's stiffness statistic).
         thin: keep every ``thin``-th step after burn-in.
         seed: seeds the one generator that drives initialisation, noise and minibatches.
         progress: show a progress bar.
@@ -196,8 +197,17 @@ def sample(
                 bar.update, callback,
             )  # fmt: skip
             steps_left, burn_in = n_steps - burn_in, 0
+        warmup_end = state.step + burn_in if burn_in > 0 else None
         state, thetas, energies = _run_chains(
-            sampler, target, state, steps_left, generator, kept_steps[:n_kept], callback, bar.update
+            sampler,
+            target,
+            state,
+            steps_left,
+            generator,
+            kept_steps[:n_kept],
+            callback,
+            bar.update,
+            warmup_end,
         )
     steps = torch.tensor(kept_steps[:n_kept])
     return SampleResult(thetas, energies, steps, state, target, adapted)
@@ -262,10 +272,12 @@ def _run_chains(
     kept_steps: list[int],
     callback: Callable[[SamplerState], None] | None,
     advance: Callable[[int], object],
+    warmup_end: int | None = None,
 ) -> tuple[SamplerState, Tensor, Tensor]:
     """Take ``n_steps`` steps from ``state``, stopping on a non-finite position; returns the
     final state and the ``(S, K, D)`` positions and ``(S, K)`` energies at ``kept_steps``.
-    ``advance(1)`` is called after each step (the progress bar)."""
+    ``advance(1)`` is called after each step (the progress bar); after step ``warmup_end``
+    the sampler fixes what it adapted (:meth:`~metasampler.samplers.base.Sampler.end_warmup`)."""
     K, D = state.theta.shape
     thetas = torch.empty(
         (len(kept_steps), K, D), dtype=state.theta.dtype, device=state.theta.device
@@ -279,6 +291,8 @@ def _run_chains(
         for _ in range(n_steps):
             state = sampler.step(state, target, generator)
             check_finite(state.step, position=state.theta)
+            if state.step == warmup_end:
+                state = sampler.end_warmup(state)
             if state.step in kept:
                 thetas[slot] = state.theta.detach()
                 energies[slot] = state.energy.detach()
