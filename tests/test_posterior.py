@@ -42,7 +42,7 @@ class ProductLogit(nn.Module):
 def test_every_shipped_sampler_loads_by_name_and_is_described():
     shipped = ms.pretrained_samplers()
     assert set(shipped) == {p.stem for p in PRETRAINED_DIR.glob("*.safetensors")}
-    assert {"mnist_mlp", "toy_gaussian"} <= set(shipped)
+    assert {"feedforward", "recurrent", "toy_gaussian"} <= set(shipped)
     assert all(text and text != "(no description)" for text in shipped.values())
     for name in shipped:
         sampler = ms.load_sampler(name)
@@ -50,17 +50,17 @@ def test_every_shipped_sampler_loads_by_name_and_is_described():
 
 
 def test_name_and_path_load_the_same_file_and_unknown_name_lists_the_shipped(monkeypatch):
-    by_name = ms.load_sampler("mnist_mlp", lr=0.01)
-    by_path = ms.load_sampler(PRETRAINED_DIR / "mnist_mlp.safetensors", lr=0.01)
+    by_name = ms.load_sampler("feedforward", lr=0.01)
+    by_path = ms.load_sampler(PRETRAINED_DIR / "feedforward.safetensors", lr=0.01)
     for (n1, t1), (n2, t2) in zip(
         by_name.state_dict().items(), by_path.state_dict().items(), strict=True
     ):
         assert n1 == n2 and torch.equal(t1, t2)
-    with pytest.raises(FileNotFoundError, match="no shipped sampler.*mnist_mlp"):
-        ms.load_sampler("mnist_mlpp")
+    with pytest.raises(FileNotFoundError, match="no shipped sampler.*feedforward"):
+        ms.load_sampler("feedforwardd")
     # A path that does not exist is reported as a path, not looked up as a name.
     with pytest.raises(FileNotFoundError, match="no sampler file"):
-        ms.load_sampler("elsewhere/mnist_mlp.safetensors")
+        ms.load_sampler("elsewhere/feedforward.safetensors")
 
 
 # -- predictions and samples back into the module ---------------------------------------------
