@@ -10,7 +10,7 @@ round's SGHMC block time.
   random MNIST-shaped inputs, K = 4 chains and again K = 20, steps under ``torch.no_grad()``
   after the warm-up has ended (``end_warmup``: the stiffness statistic ``V`` fixed), as
   ``metasampler.sample`` runs the kept steps. Rows: SGHMC; the shipped ``feedforward``
-  sampler (10-unit softsign nets, stiffness curl, thermostat, exact Gamma) loaded with no
+  sampler (5-unit softsign nets, stiffness curl, thermostat, exact Gamma) loaded with no
   flags (compiled step), the same with its stiffness input recomputed every step (what a
   warm-up step does), and forced eager (``use_compile=False``); untrained nets of the same
   design with 5 units; the same file with ``thermostat=False`` (the thermostat's price); the
@@ -114,17 +114,19 @@ def sampling_variants() -> dict:
     no_thermostat = load_sampler(SHIPPED, lr=LR)
     no_thermostat.thermostat = False
     paper = dict(curl_input="momentum", thermostat=False, q_hidden=(10,), d_hidden=(10,))
+    width = int(load_sampler(SHIPPED).f_q.hidden[0])
+    other = 10 if width == 5 else 5  # the other width the design was measured at
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        five = _like_shipped(q_hidden=(5,), d_hidden=(5,))
+        other_nets = _like_shipped(q_hidden=(other,), d_hidden=(other,))
         paper_exact = _like_shipped(gamma="exact", **paper)
         paper_fd = _like_shipped(gamma="finite_difference", **paper)
     return {
         "SGHMC": SGHMC(lr=LR, friction=1.0),
-        "feedforward (10 units), compiled": load_sampler(SHIPPED, lr=LR),
+        f"feedforward ({width} units), compiled": load_sampler(SHIPPED, lr=LR),
         "feedforward, stiffness input recomputed each step (as in the warm-up)": per_step,
         "feedforward, eager": eager,
-        "5-unit nets, same design, compiled": five,
+        f"{other}-unit nets, same design, compiled": other_nets,
         "feedforward, thermostat=False": no_thermostat,
         "paper's sampler (momentum curl, no thermostat, 10 units), exact": paper_exact,
         "paper's sampler, finite differences": paper_fd,
