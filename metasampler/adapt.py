@@ -77,8 +77,8 @@ the trial's noise allows (``speed/bench_adapt.py`` measures it against a grid).
 one call for the other chains. Where the gradient's arithmetic dominates (networks, many
 chains) a round costs about two steps of the ``K`` chains (one in the settle phase); on
 targets so small that a step costs its fixed overhead, about ``G + 1`` steps. On the paper's
-20-D toy Gaussian (50 chains, burn-in 2,000 of 12,000 steps) the adapted run takes about 1.4
-times a plain run.
+20-D toy Gaussian (50 chains, burn-in 2,000 of 12,000 steps) the adapted run takes 1.3 to 1.6
+times a plain run (``speed/bench_adapt.py``).
 
 **Few chains.** With fewer than eight chains every group runs all of them.
 """
