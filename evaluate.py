@@ -291,6 +291,7 @@ def _run_suite(path: str) -> int:
             n_steps=int(spec.get("n_steps", 12_000)),
         )
         plot_toy_kl(toy, out / "toy_kl.png")
+        (out / "toy.json").write_text(json.dumps(toy, indent=1))
     summaries = {}
     for name, task in suite["tasks"].items():
         slug = "suite_" + "".join(c if c.isalnum() else "_" for c in name.lower())
