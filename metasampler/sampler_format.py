@@ -129,7 +129,6 @@ def _any_json(value: Any) -> str | None:
 _POSITIVE = _real(0.0, MAX_CONSTANT, low_open=True)
 
 
-
 #: The file's check for each kind of NNSGHMC argument (``metasampler.nnsghmc_args``).
 _ARG_CHECKS: dict[str, Check] = {
     "widths": _widths,

@@ -5,10 +5,10 @@ In the compiled NNSGHMC step every hidden unit of every net evaluation divides o
 division is slow (one port): with 40-unit softsign nets on a 784-40-40-10 MLP the fused loop
 took 29.9 -> 23.9 ms (exact Gamma, 120 divisions per vector) and 36.2 -> 25.7 ms (finite
 differences) when each division became ``rcp14`` (a 14-bit estimate) and one Newton step
-(``research/BENCHMARKS_HISTORY.md``). Steps with a per-step friction need it too: their scalar
-``1 / eta`` would otherwise make every such build fall back to exact division. That is what :func:`fast_float_division` makes inductor
-write, for 16-float vectors only: other vector widths, other dtypes and scalar code keep the
-exact division.
+(``research/BENCHMARKS_HISTORY.md``). Steps with a per-step friction need it too: their
+scalar ``1 / eta`` would otherwise make every such build fall back to exact division. That is
+what :func:`fast_float_division` makes inductor write, for 16-float vectors only: other vector
+widths, other dtypes and scalar code keep the exact division.
 
 The result is within about 2 ulp of the correctly rounded quotient for divisors whose
 reciprocal is a normal float. Unlike a division it is NaN for a divisor of 0 or ±inf; every

@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
+    from metasampler.benchmark.friction_scale import choose_friction_scale
     from omegaconf import OmegaConf
 
     import metasampler as ms
-    from metasampler.benchmark.friction_scale import choose_friction_scale
     from metasampler.export import read_header, save_sampler
 
     if not args.out.parent.is_dir():  # before minutes of runs, not after
