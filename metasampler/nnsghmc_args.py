@@ -42,7 +42,6 @@ __all__ = [
     "config_fields",
     "describe_args",
     "gamma_conflict",
-    "is_step",
 ]
 
 
@@ -235,17 +234,6 @@ def describe_args() -> str:
 
 def _json_value(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
-
-
-def is_step(value: Any) -> bool:
-    """Whether ``value`` counts steps: a whole number >= 1 (not a bool, NaN or a string)."""
-    return (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value == int(value)
-        and value >= 1
-    )
 
 
 def _checked(f: Field, value: Any) -> Any:

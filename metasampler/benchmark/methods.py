@@ -24,7 +24,6 @@ from ..config import ConfigError, GammaMode
 from ..export import load_sampler
 from ..learned import NNSGHMC
 from ..learned.ablation import stored_net_means, with_constant_nets
-from ..nnsghmc_args import is_step
 from ..samplers import (
     PSGLD,
     SGHMC,
@@ -481,11 +480,6 @@ def _check_temperature(key: str, section: Mapping[str, Any]) -> None:
         )
 
 
-def is_step_option(name: str | None) -> bool:
-    """Whether a method option counts steps (its values and grid are whole steps >= 1)."""
-    return False  # no method option counts steps
-
-
 def _check_option_grids(key: str, section: Mapping[str, Any]) -> None:
     spec = METHODS[key]
     with_grid = spec.options_with_grid(section)
@@ -507,12 +501,7 @@ def _check_option_grids(key: str, section: Mapping[str, Any]) -> None:
 
 
 def _check_option_grid(key: str, option: str, grid: Any) -> None:
-    if is_step_option(option):
-        if not all(is_step(v) for v in grid):
-            raise ConfigError(
-                f"methods.{key}.{option}_grid values must be steps >= 1, got {list(grid)!r}"
-            )
-    elif not all(_finite_positive(value) for value in grid):
+    if not all(_finite_positive(value) for value in grid):
         raise ConfigError(
             f"methods.{key}.{option}_grid values must be finite numbers > 0, got {list(grid)!r}"
         )

@@ -171,7 +171,7 @@ def _energy_per_chain(spec: KernelSpec) -> bool:
 def curl_per_chain(cfg: StepConfig, stiffness: bool) -> bool:
     """Whether ``Q_f`` is one number per chain: it sees neither ``p`` nor a per-coordinate
     stiffness (as an input or through the preconditioner, ``stiffness``)."""
-    return not (cfg.curl_sees_momentum or stiffness)
+    return not (cfg.curl_momentum or stiffness)
 
 
 def energy_index(spec: KernelSpec) -> int:

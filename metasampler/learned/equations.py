@@ -40,13 +40,10 @@ class StepConfig:
     activation: str
     gamma: str  # "exact" | "finite_difference" | "none" (also: no noise, T = 0)
     detach: bool  # stop-gradient net inputs
-    curl_momentum: bool = False  # f_phiQ takes p_hat (else the stiffness, a constant of z)
+    curl_momentum: bool = (
+        False  # f_phiQ takes p_hat (then Q_f(z~) differs from Q_f(z)); else the stiffness
+    )
     thermostat: bool = False  # a Nosé–Hoover friction xi per coordinate around the step
-
-    @property
-    def curl_sees_momentum(self) -> bool:
-        """Whether ``Q_f`` depends on ``p`` (then ``Q_f(z~)`` differs from ``Q_f(z)``)."""
-        return self.curl_momentum
 
 
 # -- the NNSGHMC equations, written once ------------------------------------------------------
@@ -178,11 +175,11 @@ def nnsghmc_update(
         new_p_hat = new_p_hat.detach()
     exact = cfg.gamma == "exact"
     q_tilde, dqt_dph, new_cache = q, None, None  # Q_f(z~) = Q_f(z) if Q_f does not see p
-    if cfg.curl_sees_momentum:
+    if cfg.curl_momentum:
         q_tilde, dq = _curl(q_net, u, new_p_hat, stiffness, cfg, (1,) if exact else ())
         dqt_dph = dq[0] if exact else None
     if cfg.gamma == "finite_difference":
-        if cfg.curl_sees_momentum:
+        if cfg.curl_momentum:
             dqt_dph = _secant(q_tilde - q, new_p_hat - p_hat)
         new_cache = (u, q_tilde, p_hat, torch.zeros_like(q) if dqt_dph is None else dqt_dph)
     gamma_theta = None if dqt_dph is None else -dqt_dph * v["inv_sp"]
