@@ -13,7 +13,8 @@ round's SGHMC block time.
   sampler (5-unit softsign nets, stiffness curl, thermostat, exact Gamma) loaded with no
   flags (compiled step), the same with its stiffness input recomputed every step (what a
   warm-up step does), and forced eager (``use_compile=False``); untrained nets of the same
-  design with the other width (10 units); the same file with ``thermostat=False`` (the thermostat's price); the
+  design with the other width (10 units); the same file with ``thermostat=False`` (the
+  thermostat's price); the
   sampler of Gong et al. (2019), ``NNSGHMC(curl_input="momentum", thermostat=False)`` with
   10-unit nets, exact and finite-difference Gamma. The warm-up waits for the background
   builds, so the timed steps are the steady state.
