@@ -597,6 +597,45 @@ class _ValidationStats:
         return (value if math.isfinite(value) else math.inf), leave_out
 
 
+class _HeatStats:
+    """Per block of scored chains, the sums of each coordinate's squared momentum, for a
+    sampler whose momentum's stationary law is ``N(0, T I)``
+    (:attr:`~metasampler.samplers.Sampler.unit_gaussian_momentum`)."""
+
+    def __init__(self, n_blocks: int, per_block: int, temperature: float) -> None:
+        self.n_blocks, self.per_block, self.temperature = n_blocks, per_block, temperature
+        self.sums: Tensor | None = None  # (blocks, D)
+        self.steps = 0
+
+    def update(self, p: Tensor) -> None:
+        """Add one step of the scored chains' momenta."""
+        p = p[: self.n_blocks * self.per_block].double()
+        sq = p.square().reshape(self.n_blocks, self.per_block, -1).sum(1)
+        self.sums = sq if self.sums is None else self.sums + sq
+        self.steps += 1
+
+    def score(self) -> tuple[float, list[float]]:
+        """The heat (:meth:`value`) of all scored chains and its values leaving out each
+        block in turn."""
+        if self.sums is None or self.n_blocks < 3:
+            return 0.0, []
+        blocks = list(range(self.n_blocks))
+        leave_out = [self.value(blocks[:j] + blocks[j + 1 :]) for j in blocks]
+        return self.value(blocks), leave_out
+
+    def value(self, blocks: list[int]) -> float:
+        """``sum_i (t_i - 1)^2 / 4`` over coordinates, ``t_i`` the kinetic temperature of
+        coordinate ``i`` (its momentum's mean square over ``T``): the KL of a Gaussian at
+        ``t_i`` times the target's variance along each coordinate, to second order, the heat
+        the positions reach where the momenta run at ``t_i``. Each square less its
+        estimate's variance (from the spread over blocks of chains), so that the noisier
+        estimate of slower momenta does not count as heat."""
+        assert self.sums is not None
+        t = self.sums[torch.tensor(blocks)] / (self.steps * self.per_block * self.temperature)
+        noise = t.var(0) / len(blocks)
+        return float(((t.mean(0) - 1.0).square() - noise).sum() / 4.0)
+
+
 # -- the search ------------------------------------------------------------------------------
 @dataclass
 class _Group:
@@ -607,9 +646,12 @@ class _Group:
     generator: torch.Generator
     stats: Any
     error: str | None = None
+    heat_stats: _HeatStats | None = None
     score: float = math.inf
     se: float = 0.0
     leave_out: list[float] = field(default_factory=list)
+    heat: float = 0.0
+    heat_leave_out: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -673,7 +715,8 @@ class _Search:
             stats = self._stats(len(trial), len(counted))
             generator = torch.Generator(device=device).manual_seed(seed)
             sampler = self.configured(friction)
-            groups.append(_Group(eta, friction, sampler, sub, generator, stats))
+            heat = self._heat_stats(len(trial))
+            groups.append(_Group(eta, friction, sampler, sub, generator, stats, heat_stats=heat))
         rest = None
         if carry is not None and len(others):
             rest = replace(_take(state, others, keys), eta=carry[0])
@@ -695,6 +738,8 @@ class _Search:
                     continue
                 if g.state.step not in counted:
                     continue
+                if g.heat_stats is not None:
+                    g.heat_stats.update(g.state.momentum)
                 if self.validation is None:
                     g.stats.update(*recorder.last)
                 elif (length - 1 - t) % every == 0:
@@ -710,6 +755,13 @@ class _Search:
         for g in groups:
             if g.error is None:
                 g.score, g.leave_out = g.stats.score()
+                if g.heat_stats is not None:
+                    g.heat, g.heat_leave_out = g.heat_stats.score()
+                    if self.validation is None:  # the heat is part of the kept run's KL
+                        g.score += g.heat
+                        g.leave_out = [
+                            a + b for a, b in zip(g.leave_out, g.heat_leave_out, strict=False)
+                        ]
                 g.se = _jackknife_se(g.leave_out)
             self.trials.append(
                 Trial(self.rounds, kind, g.eta, g.friction, g.score, g.se, len(trial), g.error)
@@ -727,6 +779,14 @@ class _Search:
         merged = _assemble(parts, self.n_chains)
         merged.step = step
         return merged, groups
+
+    def _heat_stats(self, scored: int) -> _HeatStats | None:
+        """The momenta's heat, for samplers whose momentum's stationary law is known."""
+        temperature = float(self.sampler.temperature)
+        if not self.sampler.unit_gaussian_momentum or temperature <= 0:
+            return None
+        n_blocks = min(scored, _BLOCKS)
+        return _HeatStats(n_blocks, scored // n_blocks, temperature)
 
     def _stats(self, scored: int, window: int) -> Any:
         """The criterion's running statistics over the ``scored`` trial chains, in at most
@@ -813,6 +873,16 @@ def _clearly_worse_than_best(group: _Group | None, groups: list[_Group]) -> bool
         return True
     paired = [a - b for a, b in zip(group.leave_out, best.leave_out, strict=False)]
     return group.score - best.score > 2.0 * _jackknife_se(paired)
+
+
+def _hotter(group: _Group | None, than: _Group | None) -> bool:
+    """Whether ``group``'s momenta run hotter than ``than``'s (``False`` where neither
+    measures its heat). A trial sees at once the mixing a lower friction buys, but the heat
+    it brings reaches the positions' slow directions only over the kept run; the momenta
+    show it at once, so a lower friction is taken only where its momenta run no hotter."""
+    if group is None or than is None or not group.heat_leave_out or not than.heat_leave_out:
+        return False
+    return group.heat > than.heat
 
 
 def _friction_ok(sampler: Sampler, name: str, value: float) -> bool:
@@ -922,8 +992,13 @@ def adapt_burn_in(
         used += friction_len
         kept = next((g for g in groups if g.friction == friction), None)
         chosen = _choose(groups, "friction")
-        # the sampler's friction stays unless another is clearly better
-        if chosen is not None and _clearly_worse_than_best(kept, groups):
+        # the sampler's friction stays unless another is clearly better, and a lower one
+        # must not bring more heat
+        if (
+            chosen is not None
+            and _clearly_worse_than_best(kept, groups)
+            and (chosen[0] >= friction or not _hotter(_best(groups), kept))
+        ):
             friction = chosen[0]
     factor = 2.0 if at_end else math.sqrt(2.0)
     eta, _ = step_round(eta, [1.0 / factor, 1.0, factor], last_len)

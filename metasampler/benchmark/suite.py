@@ -31,7 +31,9 @@ from ..sampling import sample
 from .tables import format_mean_se
 
 __all__ = [
+    "ADAPTED_TOLERANCE",
     "TEMPERATURE_TOLERANCE",
+    "adaptation_summary",
     "plot_suite",
     "plot_toy_kl",
     "suite_summary",
@@ -42,8 +44,12 @@ __all__ = [
 #: A baseline samples "at the posterior's temperature" when its final chains' temperature is
 #: within this of 1.
 TEMPERATURE_TOLERANCE = 0.1
+#: An adapted sampler "matches" its grid-tuned row when its posterior-average NLL is at most
+#: this fraction above it.
+ADAPTED_TOLERANCE = 0.03
 LEARNED = "nnsghmc"
 CONSTANT = "nnsghmc_constant"
+ADAPTED = "_adapted"
 
 
 def _mean_se(values: Sequence[float]) -> dict[str, float]:
@@ -93,6 +99,47 @@ def toy_rows(
     return rows
 
 
+def _grid_baseline(key: str, entry: Mapping[str, Any]) -> bool:
+    """Whether ``key`` is a hand-designed sampler run at its grid-tuned setting."""
+    learned = key in (LEARNED, CONSTANT) or key.startswith(LEARNED + "_")
+    adapted = key.endswith(ADAPTED)
+    return not (learned or adapted) and bool(entry.get("is_sampler")) and not entry.get("error")
+
+
+def adaptation_summary(tasks: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per task and sampler with both rows, the grid-tuned and the adapted posterior-average
+    NLL (``<key>_adapted``, ``tune.mode: both``), their difference and whether it is within
+    :data:`ADAPTED_TOLERANCE`, with the steps each chose; ``""`` where no task has adapted
+    rows."""
+    lines = []
+    for name, summary in tasks.items():
+        methods = summary["methods"]
+        for key, entry in methods.items():
+            adapted = methods.get(key + ADAPTED)
+            if adapted is None or key.endswith(ADAPTED):
+                continue
+            if entry.get("error") or adapted.get("error"):
+                lines.append(f"| {name} | {entry['label']} |" + " – |" * 6)
+                continue
+            grid = entry["summary"]["average_nll"]["mean"]
+            mine = adapted["summary"]["average_nll"]["mean"]
+            change = (mine - grid) / abs(grid)
+            steps = ", ".join(f"{c['lr']:.3g}" for c in adapted.get("adapted", []))
+            mark = "yes" if change <= ADAPTED_TOLERANCE else "**no**"
+            lines.append(
+                f"| {name} | {entry['label']} | {grid:.4f} | {mine:.4f} | {100 * change:+.1f} % | "
+                f"{entry['lr']:.3g} | {steps} | {mark} |"
+            )
+    if not lines:
+        return ""
+    header = [
+        "| task | sampler | NLL, grid-tuned | NLL, adapted | change | grid lr | adapted lr "
+        f"(per seed) | within {100 * ADAPTED_TOLERANCE:.0f} % |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join(header + lines)
+
+
 def _verdict(methods: Mapping[str, Any]) -> str:
     """Whether the learned sampler's posterior-average NLL is at or below every sampler
     baseline's that samples at temperature about 1; where none does at the task's budget
@@ -103,7 +150,7 @@ def _verdict(methods: Mapping[str, Any]) -> str:
     mine = learned["summary"]["average_nll"]["mean"]
     at_one, all_baselines = [], []
     for key, entry in methods.items():
-        if key in (LEARNED, CONSTANT) or not entry.get("is_sampler") or entry.get("error"):
+        if not _grid_baseline(key, entry):
             continue
         temperature = entry["summary"].get("temperature", {}).get("mean", math.nan)
         row = (entry["label"], entry["summary"]["average_nll"]["mean"])
@@ -122,7 +169,7 @@ def _best_baseline(methods: Mapping[str, Any], at_temperature_one: bool) -> Any:
     temperature about 1), or ``None``."""
     best = None
     for key, entry in methods.items():
-        if key in (LEARNED, CONSTANT) or not entry.get("is_sampler") or entry.get("error"):
+        if not _grid_baseline(key, entry):
             continue
         temperature = entry["summary"].get("temperature", {}).get("mean", math.nan)
         if at_temperature_one and abs(temperature - 1.0) > TEMPERATURE_TOLERANCE:
@@ -186,6 +233,14 @@ def suite_table(
     ``prior var`` (``tasks``: ``{task name: results.json summary}``), with each task's
     verdict."""
     lines = [suite_summary(toy, tasks), ""]
+    adaptation = adaptation_summary(tasks)
+    if adaptation:
+        lines += [
+            "### Adapted in the burn-in against grid-tuned (`tune.mode: both`)",
+            "",
+            adaptation,
+            "",
+        ]
     if toy:
         lines += [
             "### Toy Gaussian (20-D, the paper's test protocol)",

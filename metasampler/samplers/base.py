@@ -130,6 +130,10 @@ class Sampler:
 
     #: "first" (Langevin-type) or "second" (momentum-type) — decides the ``lr`` conversion.
     order: ClassVar[Order] = "second"
+    #: Whether the momentum's stationary law is ``N(0, T I)`` where the chains sample ``T``:
+    #: then its mean square per coordinate over ``T`` (the kinetic temperature) is 1 there,
+    #: and above 1 where unaccounted gradient noise heats the chains.
+    unit_gaussian_momentum: ClassVar[bool] = False
 
     def __init__(
         self,

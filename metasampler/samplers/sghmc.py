@@ -54,6 +54,7 @@ class SGHMC(Sampler):
     """
 
     order = "second"
+    unit_gaussian_momentum = True
 
     def __init__(
         self,

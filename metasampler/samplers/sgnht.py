@@ -69,6 +69,7 @@ class SGNHT(Sampler):
     """
 
     order = "second"
+    unit_gaussian_momentum = True
 
     def __init__(
         self,
