@@ -12,8 +12,11 @@ step; a criterion ranks them and the search narrows on a log grid:
 3. **Friction** (a fifth; samplers with a ``friction``, SGHMC's ``C``, or a ``diffusion``,
    SGNHT's ``A``): three groups at the chosen step with 1/2, 1 and 2 times the friction, that
    is the friction per step ``eta C``. The sampler's friction stays unless another scores
-   better by more than two standard errors (a friction is seldom far off, and a trial sees
-   the heat a lower one brings less clearly than the mixing it buys).
+   better by more than two standard errors (a friction is seldom far off), and a lower one
+   is taken only where its momenta run no hotter: a trial sees at once the mixing a lower
+   friction buys, but the heat the gradient's noise then brings reaches the positions' slow
+   directions only over the kept run, while the momenta show it within ``1 / (eta C)``
+   steps (their kinetic temperature, below).
 4. **Step again** (3/10): three groups at ``best / f``, ``best``, ``best * f`` with
    ``f = sqrt(2)`` (2 where round 2's best was at its end).
 5. **Settle** (the rest, at least a quarter): every chain at the chosen step and friction.
@@ -41,6 +44,16 @@ dropped at once; where a whole round diverges, its trial chains restart from the
 positions. Only when every step tried, down to ``span**3`` below the start, diverges is it an
 error.
 
+**Momenta.** Where a sampler's momentum has the stationary law ``N(0, T I)`` (SGHMC and its
+cyclical form, (m)SGNHT: ``Sampler.unit_gaussian_momentum``), each round's trial chains and,
+after the last round, every chain start with momenta drawn afresh from that law. This is a
+Gibbs step on the momenta (it leaves the joint target invariant); without it, the energy a
+trial at a large step put into the momenta would outlast the burn-in at a low friction. For
+these samplers every group also measures the heat of its momenta: with ``t_i`` the kinetic
+temperature of coordinate ``i`` (its momentum's mean square over ``T``, 1 at the target),
+``sum_i (t_i - 1)^2 / 4``, the KL of a Gaussian sampled at ``t_i`` times its variance, to
+second order (``Trial.heat``; each square less its estimate's variance).
+
 **Criteria.** A round's groups are compared on the last three quarters of the round (the
 first quarter lets chains that changed step settle), on the steps the schedule collects.
 
@@ -60,7 +73,8 @@ first quarter lets chains that changed step settle), on the steps the schedule c
   the chains add, and the fraction of it that halves of the window show longer runs remove)
   is scaled to ``K`` chains and the kept run's length; the rest (the bias) is kept. So the
   step chosen is the one best for the whole run, not for a run as short as the trial (which
-  would favour larger steps). Choosing SG-MCMC hyper-parameters by a Stein discrepancy with
+  would favour larger steps). The momenta's heat, where measured, is added to it (the kept
+  run's positions reach it). Choosing SG-MCMC hyper-parameters by a Stein discrepancy with
   successive halving is MAMBA's (Coullon, South & Nemeth, 2021, "Efficient and generalizable
   tuning strategies for stochastic gradient MCMC"); Stein discrepancies measure sample
   quality after Gorham & Mackey (2015, "Measuring sample quality with Stein's method").
@@ -95,6 +109,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .integrators import gaussian_like
 from .samplers.base import Sampler, SamplerState, check_finite
 from .samplers.hmc import HMC
 from .schedules import Constant
@@ -191,6 +206,8 @@ class Trial:
         chains: the number of trial chains the group ran (every group of a round the same).
         error: why the group diverged (the :class:`~metasampler.NonFiniteError` message), or
             ``None``.
+        heat: for a sampler whose momentum's stationary law is ``N(0, T I)``, the KL its
+            momenta's heat brings (:class:`_HeatStats`; 0 at the target), else ``None``.
     """
 
     round: int
@@ -201,6 +218,7 @@ class Trial:
     se: float
     chains: int
     error: str | None = None
+    heat: float | None = None
 
 
 @dataclass
@@ -710,8 +728,9 @@ class _Search:
         device = self.generator.device
         seed = int(torch.randint(2**62, (1,), generator=self.generator, device=device))
         groups = []
+        start = _refreshed(_take(state, trial, keys), self.sampler, seed)
         for eta, friction in settings:
-            sub = replace(_take(state, trial, keys), eta=eta)
+            sub = replace(start, eta=eta)
             stats = self._stats(len(trial), len(counted))
             generator = torch.Generator(device=device).manual_seed(seed)
             sampler = self.configured(friction)
@@ -764,7 +783,17 @@ class _Search:
                         ]
                 g.se = _jackknife_se(g.leave_out)
             self.trials.append(
-                Trial(self.rounds, kind, g.eta, g.friction, g.score, g.se, len(trial), g.error)
+                Trial(
+                    self.rounds,
+                    kind,
+                    g.eta,
+                    g.friction,
+                    g.score,
+                    g.se,
+                    len(trial),
+                    g.error,
+                    None if g.heat_stats is None or g.error is not None else g.heat,
+                )  # fmt: skip
             )
         self.rounds += 1
         step = state.step + length
@@ -799,6 +828,18 @@ class _Search:
                 n_blocks, per_block, temperature, self.n_chains, window, self.kept_steps
             )
         return _ValidationStats(n_blocks, per_block, self.target, *self.validation)
+
+
+def _refreshed(state: SamplerState, sampler: Sampler, seed: int) -> SamplerState:
+    """``state`` with its momenta drawn afresh from their stationary law ``N(0, T I)``
+    where the sampler's momentum has that law (a Gibbs step on the momenta: it leaves the
+    joint target invariant), else ``state`` itself."""
+    temperature = float(sampler.temperature)
+    if not sampler.unit_gaussian_momentum or state.momentum is None or temperature <= 0:
+        return state
+    generator = torch.Generator(device=state.momentum.device).manual_seed(seed)
+    momentum = gaussian_like(state.momentum, generator, math.sqrt(temperature))
+    return replace(state, momentum=momentum)
 
 
 def _schedule_scale(sampler: Sampler, start: int, kept_steps: int) -> float:
@@ -1011,7 +1052,11 @@ def adapt_burn_in(
     final.eta, final.lr = eta, None
     if name is not None and friction is not None:
         setattr(final, name, friction)
-    state = replace(state, eta=eta)
+    state = _refreshed(
+        replace(state, eta=eta),
+        final,
+        int(torch.randint(2**62, (1,), generator=generator, device=generator.device)),
+    )
     settle = burn_in - used
     for _ in range(settle):
         state = final.step(state, target, generator)

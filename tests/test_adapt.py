@@ -308,3 +308,41 @@ def test_a_lower_friction_that_runs_hotter_is_not_taken(monkeypatch):
     assert chosen.friction == 1.0
     monkeypatch.setattr(adapt_module, "_hotter", lambda group, than: False)
     assert adapted().friction == 0.5
+
+
+def test_momenta_are_drawn_afresh_so_the_trials_heat_does_not_reach_the_kept_run(monkeypatch):
+    """SGHMC with a friction so low that its momenta keep their energy through the burn-in:
+    the trial rounds' steps (up to 256 times the start) leave the momenta hot unless they
+    are drawn afresh from N(0, T) for each round and for the chosen kernel."""
+    import metasampler.adapt as adapt_module
+
+    target, _, _ = _gaussian()
+
+    def kinetic_temperatures() -> list[float]:
+        temperatures = []
+        for seed in range(3):
+            result = ms.sample(
+                ms.samplers.SGHMC(eta=0.05, friction=0.05), target, 32, 400, burn_in=300,
+                seed=seed, progress=False, adapt=True,
+            )  # fmt: skip
+            temperatures.append(float(result.adapted.state.momentum.square().mean()))
+        return temperatures
+
+    assert max(kinetic_temperatures()) < 3.0
+    monkeypatch.setattr(adapt_module, "_refreshed", lambda state, sampler, seed: state)
+    assert min(kinetic_temperatures()) > 4.0
+
+
+def test_only_momenta_with_a_known_stationary_law_are_drawn_afresh():
+    from metasampler.adapt import _refreshed
+
+    target, _, _ = _gaussian()
+    theta = torch.zeros(2000, D)
+    hot = ms.samplers.SGHMC(eta=0.1, temperature=2.0).init(theta, target)
+    hot.momentum = hot.momentum * 10.0
+    fresh = _refreshed(hot, ms.samplers.SGHMC(eta=0.1, temperature=2.0), seed=0)
+    assert float(fresh.momentum.var()) == pytest.approx(2.0, rel=0.05)
+    assert fresh.theta is hot.theta
+    learned = ms.NNSGHMC(eta=0.1, compile=False)
+    state = learned.init(theta[:4], target)
+    assert _refreshed(state, learned, seed=0) is state
