@@ -231,6 +231,14 @@ def _load_suite(path: str) -> dict:
         ok = isinstance(task, dict) and isinstance(task.get("config"), str)
         if not ok or not isinstance(task.get("overrides", []), list):
             raise _Stop(f"{path}: tasks.{name} needs config (a path) and overrides (a list)")
+    from experiments.benchmark_config import load_benchmark_config
+    from metasampler.config import ConfigError
+
+    for name, task in tasks.items():  # every task's config as it will run, before any run
+        try:
+            load_benchmark_config(task["config"], [str(o) for o in task.get("overrides", [])])
+        except (ConfigError, FileNotFoundError) as err:
+            raise _Stop(f"{path}: tasks.{name}: {err}") from None
     toy = raw.get("toy")
     if toy is not None and not (isinstance(toy, dict) and {"sampler", "eta"} <= set(toy)):
         raise _Stop(f"{path}: toy needs sampler and eta (and n_chains, n_steps)")

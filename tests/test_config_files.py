@@ -50,3 +50,19 @@ def test_train_meta_says_the_file_must_hold_a_mapping(tmp_path):
     assert proc.returncode == 2
     assert f"config error: config file {path} must hold a mapping" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_suite_config_checks_every_task_before_any_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+
+    suite = evaluate._load_suite("configs/suite.yaml")
+    assert "tune.mode=both" in suite["tasks"]["MNIST NT"]["overrides"]
+    bad = tmp_path / "suite.yaml"
+    bad.write_text(
+        "seeds: [0]\ntasks:\n  first:\n    config: configs/eval/quick.yaml\n"
+        "  second:\n    config: configs/eval/quick.yaml\n    overrides: [tune.mode=sometimes]\n"
+    )
+    with pytest.raises(evaluate._Stop, match=r"tasks\.second: .*tune\.mode"):
+        evaluate._load_suite(str(bad))
