@@ -36,7 +36,9 @@ far better than either score (common random numbers). A round's choice is the ge
 of its best group and the neighbours whose score is within noise of the best (``sqrt(2)``
 jackknife standard errors of the paired difference, over blocks of chains), so that choosing
 between steps the criterion cannot tell apart does not drift with its noise. After the round
-the trial chains continue from their copies in the best group; the other chains meanwhile run
+the trial chains continue from their copies in the best group (after a bracket round, from
+where they were: a step 16 times too large can leave them damaged without diverging, and the
+bracket only locates the scale); the other chains meanwhile run
 at the best step so far (they wait during the first bracket), so every chain keeps its own
 trajectory and the kept chains stay independent (R-hat and ESS mean what they say). A group
 that diverges (a :class:`~metasampler.NonFiniteError`, or positions that are not finite) is
@@ -121,6 +123,13 @@ __all__ = ["Adapt", "AdaptResult", "Trial", "FRICTION_ATTRIBUTES", "MIN_BURN_IN"
 #: (SGHMC's ``friction`` ``C``, (m)SGNHT's ``diffusion`` ``A``, the value its thermostat
 #: settles on without gradient noise).
 FRICTION_ATTRIBUTES = ("friction", "diffusion")
+
+#: After the bracket, a trial group of a sampler whose momenta measure their temperature is
+#: chosen only where their mean kinetic temperature is at most this above the coolest group's
+#: of its round (the benchmark's tolerance for "samples at the posterior's temperature"): a
+#: step that will not hold over the kept run shows first as momenta far hotter than ``T`` in
+#: a few coordinates, well before the positions or the criterion show it.
+KINETIC_TOLERANCE = 0.1
 
 #: The shortest burn-in ``adapt`` runs in (its bracket round is an eighth of it).
 MIN_BURN_IN = 100
@@ -208,6 +217,9 @@ class Trial:
             ``None``.
         heat: for a sampler whose momentum's stationary law is ``N(0, T I)``, the KL its
             momenta's heat brings (:class:`_HeatStats`; 0 at the target), else ``None``.
+        kinetic_temperature: for such a sampler, its momenta's mean square over ``T``, over
+            every coordinate and trial chain of the round's window (1 at the target), else
+            ``None``.
     """
 
     round: int
@@ -219,6 +231,7 @@ class Trial:
     chains: int
     error: str | None = None
     heat: float | None = None
+    kinetic_temperature: float | None = None
 
 
 @dataclass
@@ -632,6 +645,14 @@ class _HeatStats:
         self.sums = sq if self.sums is None else self.sums + sq
         self.steps += 1
 
+    def mean_temperature(self) -> float | None:
+        """The momenta's kinetic temperature over every coordinate and scored chain (``None``
+        before the first step)."""
+        if self.sums is None:
+            return None
+        n = self.steps * self.per_block * self.n_blocks * self.sums.shape[-1]
+        return float(self.sums.sum() / (n * self.temperature))
+
     def score(self) -> tuple[float, list[float]]:
         """The heat (:meth:`value`) of all scored chains and its values leaving out each
         block in turn."""
@@ -670,6 +691,7 @@ class _Group:
     leave_out: list[float] = field(default_factory=list)
     heat: float = 0.0
     heat_leave_out: list[float] = field(default_factory=list)
+    kinetic: float | None = None
 
 
 @dataclass
@@ -776,6 +798,8 @@ class _Search:
                 g.score, g.leave_out = g.stats.score()
                 if g.heat_stats is not None:
                     g.heat, g.heat_leave_out = g.heat_stats.score()
+                    if kind != "bracket":
+                        g.kinetic = g.heat_stats.mean_temperature()
                     if self.validation is None:  # the heat is part of the kept run's KL
                         g.score += g.heat
                         g.leave_out = [
@@ -793,12 +817,17 @@ class _Search:
                     len(trial),
                     g.error,
                     None if g.heat_stats is None or g.error is not None else g.heat,
+                    None
+                    if g.error is not None or g.heat_stats is None
+                    else g.heat_stats.mean_temperature(),
                 )  # fmt: skip
             )
         self.rounds += 1
         step = state.step + length
         best = _best(groups)
-        if best is not None:
+        if kind == "bracket":  # a probe of the scale: steps far off can damage the chains
+            parts = [(_take(state, trial, keys), trial)]
+        elif best is not None:
             parts = [(best.state, trial)]
         else:  # every group diverged: the trial chains start again
             restart = self.sampler.init(self.start_theta[trial], self.target, self.generator)
@@ -869,9 +898,25 @@ def _friction_of(sampler: Sampler) -> tuple[str | None, float | None]:
     return None, None
 
 
+def _candidates(groups: list[_Group]) -> list[_Group]:
+    """The groups a round may choose: those that held (no divergence, a finite score) and,
+    where the momenta measure their temperature (after the bracket, whose groups still
+    carry the start's transient), whose momenta run at most :data:`KINETIC_TOLERANCE`
+    hotter than the coolest group's."""
+    held = [g for g in groups if g.error is None and math.isfinite(g.score)]
+    return [g for g in held if _cool_enough(g.kinetic, [h.kinetic for h in held])]
+
+
+def _cool_enough(kinetic: float | None, round_kinetics: Sequence[float | None]) -> bool:
+    """Whether a kinetic temperature is within :data:`KINETIC_TOLERANCE` of the coolest of
+    its round (``True`` where not measured)."""
+    measured = [k for k in round_kinetics if k is not None]
+    return kinetic is None or kinetic <= min(measured) + KINETIC_TOLERANCE
+
+
 def _best(groups: list[_Group]) -> _Group | None:
-    finite = [g for g in groups if g.error is None and math.isfinite(g.score)]
-    return min(finite, key=lambda g: g.score) if finite else None
+    candidates = _candidates(groups)
+    return min(candidates, key=lambda g: g.score) if candidates else None
 
 
 def _choose(groups: list[_Group], attr: str) -> tuple[float, bool] | None:
@@ -887,9 +932,10 @@ def _choose(groups: list[_Group], attr: str) -> tuple[float, bool] | None:
         return None
     ordered = sorted(groups, key=lambda g: getattr(g, attr))
     i = ordered.index(best)
+    candidates = _candidates(groups)
 
     def tied(g: _Group) -> bool:
-        if g.error is not None or not math.isfinite(g.score):
+        if g not in candidates:
             return False
         paired = [a - b for a, b in zip(g.leave_out, best.leave_out, strict=False)]
         return g.score - best.score <= math.sqrt(2.0) * _jackknife_se(paired)
@@ -1046,7 +1092,14 @@ def adapt_burn_in(
 
     # 5. settle: every chain at the chosen kernel
     if scale != 1.0:  # a schedule's base step, its peak no larger than a step that held
-        held = max(t.eta for t in search.trials if t.error is None and math.isfinite(t.score))
+        finite = [t for t in search.trials if t.error is None and math.isfinite(t.score)]
+        held = max(
+            t.eta
+            for t in finite
+            if _cool_enough(
+                t.kinetic_temperature, [u.kinetic_temperature for u in finite if u.round == t.round]
+            )
+        )
         eta = min(eta / scale, held / _schedule_peak(sampler, search.kept_steps))
     final = copy.copy(sampler)
     final.eta, final.lr = eta, None
