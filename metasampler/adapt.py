@@ -26,8 +26,10 @@ change again; a sampler's own warm-up statistics are fixed by its ``end_warmup``
 run. A sampler with a schedule (cSGHMC's cyclical one, a decay) is searched with constant
 steps, and its base step is set so that the schedule's mean multiplier over the kept run's
 sampling steps times it is the chosen constant step (``AdaptResult.schedule_scale``), but no
-larger than the schedule's peak takes beyond the largest step that held in a trial (a cycle's
-first steps run at the full base step); the schedule then runs as it would.
+larger than the schedule's peak takes beyond the largest step of the last round that scored
+as well as the best (a cycle's first steps run at the full base step, and a step that merely
+did not diverge in a short trial can still heat the chains over a run); the schedule then
+runs as it would.
 
 **Groups.** Every group of a round runs a copy of the same trial chains (``max(8, K / G)`` of
 the ``K`` chains, drawn afresh each round) with the same random numbers (noise and
@@ -256,8 +258,8 @@ class AdaptResult:
         schedule_scale: for a sampler with a schedule, its mean multiplier over the kept
             run's sampling steps: the search tried constant steps (``Trial.eta``) and ``eta``
             is the chosen one divided by it, so that the schedule's mean step is the chosen
-            one (at most the largest step that held in a trial over the schedule's peak
-            multiplier); 1 for a constant step.
+            one (at most the largest step of the last round that scored as well as the
+            best, over the schedule's peak multiplier); 1 for a constant step.
     """
 
     eta: float
@@ -1063,11 +1065,14 @@ def adapt_burn_in(
     shares = (0.25, 0.2, 0.3) if adapt_friction else (0.35, 0.0, 0.4)
     step_len, friction_len, last_len = (max(1, int(f * left)) for f in shares)
 
+    last_groups: list[_Group] = []
+
     def step_round(eta: float, factors: Sequence[float], length: int) -> tuple[float, bool]:
-        nonlocal state, used
+        nonlocal state, used, last_groups
         settings = [(eta * f, friction) for f in factors]
         state, groups = search.run_round(state, settings, length, "step", (eta, friction))
         used += length
+        last_groups = groups
         chosen = _choose(groups, "eta")
         return chosen if chosen is not None else (eta * min(factors), True)
 
@@ -1091,16 +1096,10 @@ def adapt_burn_in(
     eta, _ = step_round(eta, [1.0 / factor, 1.0, factor], last_len)
 
     # 5. settle: every chain at the chosen kernel
-    if scale != 1.0:  # a schedule's base step, its peak no larger than a step that held
-        finite = [t for t in search.trials if t.error is None and math.isfinite(t.score)]
-        held = max(
-            t.eta
-            for t in finite
-            if _cool_enough(
-                t.kinetic_temperature, [u.kinetic_temperature for u in finite if u.round == t.round]
-            )
-        )
-        eta = min(eta / scale, held / _schedule_peak(sampler, search.kept_steps))
+    if scale != 1.0:  # a schedule's base step, its peak no larger than a step found as good
+        good = [g for g in _candidates(last_groups) if not _clearly_worse_than_best(g, last_groups)]
+        largest = max((g.eta for g in good), default=eta)
+        eta = min(eta / scale, largest / _schedule_peak(sampler, search.kept_steps))
     final = copy.copy(sampler)
     final.eta, final.lr = eta, None
     if name is not None and friction is not None:
