@@ -346,3 +346,21 @@ def test_only_momenta_with_a_known_stationary_law_are_drawn_afresh():
     learned = ms.NNSGHMC(eta=0.1, compile=False)
     state = learned.init(theta[:4], target)
     assert _refreshed(state, learned, seed=0) is state
+
+
+def test_a_step_whose_momenta_run_hotter_than_the_coolest_by_the_tolerance_is_not_chosen():
+    from metasampler.adapt import KINETIC_TOLERANCE, _best, _choose, _Group
+
+    def group(eta: float, score: float, kinetic: float | None) -> _Group:
+        g = _Group(eta, None, None, None, None, None)  # type: ignore[arg-type]
+        g.score, g.leave_out, g.kinetic = score, [score] * 4, kinetic
+        return g
+
+    hot = 1.0 + 2 * KINETIC_TOLERANCE
+    groups = [group(0.5, 3.0, 1.0), group(1.0, 2.0, 1.05), group(2.0, 1.0, hot)]
+    assert _best(groups).eta == 1.0  # the best score runs hot: the next best is chosen
+    assert _choose(groups, "eta") == (1.0, False)
+    unmeasured = [group(0.5, 3.0, None), group(1.0, 2.0, None), group(2.0, 1.0, None)]
+    assert _best(unmeasured).eta == 2.0  # the bracket's groups, and samplers without momenta
+    all_hot = [group(1.0, 2.0, hot + 0.5), group(2.0, 1.0, hot + 5.0)]
+    assert _best(all_hot).eta == 1.0  # the coolest, where every group runs hot
