@@ -752,7 +752,8 @@ class _Search:
         device = self.generator.device
         seed = int(torch.randint(2**62, (1,), generator=self.generator, device=device))
         groups = []
-        start = _refreshed(_take(state, trial, keys), self.sampler, seed)
+        # fresh momenta from a seed other than the groups' (their first draws would repeat it)
+        start = _refreshed(_take(state, trial, keys), self.sampler, seed + 1)
         for eta, friction in settings:
             sub = replace(start, eta=eta)
             stats = self._stats(len(trial), len(counted))
