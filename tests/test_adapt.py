@@ -348,7 +348,7 @@ def test_only_momenta_with_a_known_stationary_law_are_drawn_afresh():
     assert _refreshed(state, learned, seed=0) is state
 
 
-def test_a_step_whose_momenta_run_hotter_than_the_coolest_by_the_tolerance_is_not_chosen():
+def test_a_step_whose_momenta_run_further_from_t_than_the_tolerance_is_not_chosen():
     from metasampler.adapt import KINETIC_TOLERANCE, _best, _choose, _Group
 
     def group(eta: float, score: float, kinetic: float | None) -> _Group:
@@ -356,11 +356,14 @@ def test_a_step_whose_momenta_run_hotter_than_the_coolest_by_the_tolerance_is_no
         g.score, g.leave_out, g.kinetic = score, [score] * 4, kinetic
         return g
 
-    hot = 1.0 + 2 * KINETIC_TOLERANCE
+    hot, cold = 1.0 + 2 * KINETIC_TOLERANCE, 1.0 - 3 * KINETIC_TOLERANCE
     groups = [group(0.5, 3.0, 1.0), group(1.0, 2.0, 1.05), group(2.0, 1.0, hot)]
     assert _best(groups).eta == 1.0  # the best score runs hot: the next best is chosen
     assert _choose(groups, "eta") == (1.0, False)
+    # a thermostat whose friction ran away leaves the momenta cold: not chosen either
+    thermostat = [group(0.5, 3.0, 0.95), group(1.0, 2.0, 0.9), group(2.0, 1.0, cold)]
+    assert _best(thermostat).eta == 1.0
     unmeasured = [group(0.5, 3.0, None), group(1.0, 2.0, None), group(2.0, 1.0, None)]
     assert _best(unmeasured).eta == 2.0  # the bracket's groups, and samplers without momenta
     all_hot = [group(1.0, 2.0, hot + 0.5), group(2.0, 1.0, hot + 5.0)]
-    assert _best(all_hot).eta == 1.0  # the coolest, where every group runs hot
+    assert _best(all_hot).eta == 1.0  # the closest to T, where every group is far from it
