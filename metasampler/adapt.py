@@ -31,7 +31,7 @@ as well as the best (a cycle's first steps run at the full base step, and a step
 did not diverge in a short trial can still heat the chains over a run); the schedule then
 runs as it would.
 
-**Groups.** Every group of a round runs a copy of the same trial chains (``max(4, K / G)`` of
+**Groups.** Every group of a round runs a copy of the same trial chains (``max(8, K / G)`` of
 the ``K`` chains, drawn afresh each round) with the same random numbers (noise and
 minibatches): the groups differ only by their step, so their scores' difference is measured
 far better than either score (common random numbers). A round's choice is the geometric mean
@@ -91,14 +91,16 @@ The burn-in sees only what its length shows: on a badly conditioned target a kep
 longer than the burn-in mixes slow directions that no trial can, and the choice is as good as
 the trial's noise allows (``speed/bench_adapt.py`` measures it against a grid).
 
-**Cost.** Each group is its own call of the sampler's step, on ``max(4, K / G)`` chains (at
-most half of them from eight chains up), plus one call for the other chains. Where the
-gradient's arithmetic dominates (networks) a round costs about two steps of the ``K`` chains
-(one in the settle phase): on the benchmark's MNIST network (8 chains, burn-in 150 of 400
-steps) the adapted run takes about 1.4 times a plain run (``speed/bench_adapt_cost.py``). On
-targets so small that a step costs its fixed overhead, a round costs about ``G + 1`` steps: on
-the paper's 20-D toy Gaussian (50 chains, burn-in 2,000 of 12,000 steps) the adapted run
-takes 1.2 to 1.7 times a plain run (``speed/bench_adapt.py``).
+**Cost.** Each group is its own call of the sampler's step, on ``max(8, K / G)`` chains, plus
+one call for the other chains. Where the gradient's arithmetic dominates (networks, many
+chains) a round costs about two steps of the ``K`` chains (one in the settle phase), but with
+eight chains or fewer every group runs all of them: on the benchmark's MNIST network (8
+chains, burn-in 150 of 400 steps) the adapted run takes about 1.9 times a plain run
+(``speed/bench_adapt_cost.py``). On targets so small that a step costs its fixed overhead, a
+round costs about ``G + 1`` steps: on the paper's 20-D toy Gaussian (50 chains, burn-in 2,000
+of 12,000 steps) the adapted run takes 1.2 to 1.7 times a plain run (``speed/bench_adapt.py``).
+Groups of fewer chains would cost less, but their choices are noisier: with half the chains
+per group the momentum samplers on MNIST chose steps that ran hot.
 
 **Few chains.** With fewer than eight chains every group runs all of them.
 """
@@ -141,7 +143,7 @@ MIN_BURN_IN = 100
 
 _BRACKET_RATIO = 4.0
 _MAX_BRACKET_MOVES = 2
-_MIN_TRIAL_CHAINS = 4
+_MIN_TRIAL_CHAINS = 8
 _VALIDATION_POINTS = 8
 
 
@@ -725,12 +727,9 @@ class _Search:
         return other
 
     def trial_chains(self, n_groups: int) -> tuple[Tensor, Tensor]:
-        """The chains every group of a round runs a copy of (``max(4, K / G)`` of them, at
-        most half of ``K`` from eight chains up, else all; a fresh draw each round) and the
-        others."""
-        n = self.n_chains
-        most = n // 2 if n >= 2 * _MIN_TRIAL_CHAINS else n
-        size = min(most, max(_MIN_TRIAL_CHAINS, n // n_groups))
+        """The chains every group of a round runs a copy of (``max(8, K / G)`` of them, at
+        most ``K``; a fresh draw each round) and the others."""
+        size = min(self.n_chains, max(_MIN_TRIAL_CHAINS, self.n_chains // n_groups))
         deal = torch.Generator().manual_seed(1_000_003 * (self.rounds + 1))
         order = torch.randperm(self.n_chains, generator=deal)
         return order[:size].sort().values, order[size:].sort().values
