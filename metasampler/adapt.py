@@ -53,7 +53,9 @@ cyclical form, (m)SGNHT: ``Sampler.unit_gaussian_momentum``), each round's trial
 after the last round, every chain start with momenta drawn afresh from that law. This is a
 Gibbs step on the momenta (it leaves the joint target invariant); without it, the energy a
 trial at a large step put into the momenta would outlast the burn-in at a low friction. For
-these samplers every group also measures the heat of its momenta: with ``t_i`` the kinetic
+these samplers, unless a thermostat holds their momenta at ``T`` (SGNHT:
+``Sampler.thermostatted``, whose momenta show neither heat nor an unstable step), every group
+also measures the heat of its momenta: with ``t_i`` the kinetic
 temperature of coordinate ``i`` (its momentum's mean square over ``T``, 1 at the target),
 ``sum_i (t_i - 1)^2 / 4``, the KL of a Gaussian sampled at ``t_i`` times its variance, to
 second order (``Trial.heat``; each square less its estimate's variance).
@@ -134,8 +136,7 @@ FRICTION_ATTRIBUTES = ("friction", "diffusion")
 #: chosen only where their mean kinetic temperature is at most this further from 1 than the
 #: closest group's of its round (the benchmark's tolerance for "samples at the posterior's
 #: temperature"): a step that will not hold over the kept run shows first in the momenta, far
-#: hotter than ``T`` in a few coordinates, or colder where a thermostat's friction ran away,
-#: well before the positions or the criterion show it.
+#: hotter than ``T`` in a few coordinates, well before the positions or the criterion show it.
 KINETIC_TOLERANCE = 0.1
 
 #: The shortest burn-in ``adapt`` runs in (its bracket round is an eighth of it).
@@ -847,9 +848,11 @@ class _Search:
         return merged, groups
 
     def _heat_stats(self, scored: int) -> _HeatStats | None:
-        """The momenta's heat, for samplers whose momentum's stationary law is known."""
+        """The momenta's heat, for samplers whose momentum's stationary law is known and
+        not held by a thermostat."""
         temperature = float(self.sampler.temperature)
-        if not self.sampler.unit_gaussian_momentum or temperature <= 0:
+        known = self.sampler.unit_gaussian_momentum and not self.sampler.thermostatted
+        if not known or temperature <= 0:
             return None
         n_blocks = min(scored, _BLOCKS)
         return _HeatStats(n_blocks, scored // n_blocks, temperature)

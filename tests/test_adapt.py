@@ -333,6 +333,22 @@ def test_momenta_are_drawn_afresh_so_the_trials_heat_does_not_reach_the_kept_run
     assert min(kinetic_temperatures()) > 4.0
 
 
+def test_a_thermostat_s_momenta_are_not_judged_by_their_kinetic_temperature():
+    """(m)SGNHT's thermostat holds its momenta at T whatever the step: on MNIST a step that
+    sent its chains to chance level kept them at 1.16 and would have been chosen."""
+    target, _, _ = _gaussian()
+    result = ms.sample(
+        ms.samplers.SGNHT(eta=0.1, multivariate=True), target, 8, 800, burn_in=300, seed=0,
+        progress=False, adapt=True,
+    )  # fmt: skip
+    assert all(t.kinetic_temperature is None and t.heat is None for t in result.adapted.trials)
+    sghmc = ms.sample(
+        ms.samplers.SGHMC(eta=0.1), target, 8, 800, burn_in=300, seed=0, progress=False,
+        adapt=True,
+    )  # fmt: skip
+    assert all(t.kinetic_temperature is not None for t in sghmc.adapted.trials if not t.error)
+
+
 def test_only_momenta_with_a_known_stationary_law_are_drawn_afresh():
     from metasampler.adapt import _refreshed
 
@@ -360,9 +376,9 @@ def test_a_step_whose_momenta_run_further_from_t_than_the_tolerance_is_not_chose
     groups = [group(0.5, 3.0, 1.0), group(1.0, 2.0, 1.05), group(2.0, 1.0, hot)]
     assert _best(groups).eta == 1.0  # the best score runs hot: the next best is chosen
     assert _choose(groups, "eta") == (1.0, False)
-    # a thermostat whose friction ran away leaves the momenta cold: not chosen either
-    thermostat = [group(0.5, 3.0, 0.95), group(1.0, 2.0, 0.9), group(2.0, 1.0, cold)]
-    assert _best(thermostat).eta == 1.0
+    # momenta far colder than T are as far from the target's law: not chosen either
+    far_cold = [group(0.5, 3.0, 0.95), group(1.0, 2.0, 0.9), group(2.0, 1.0, cold)]
+    assert _best(far_cold).eta == 1.0
     unmeasured = [group(0.5, 3.0, None), group(1.0, 2.0, None), group(2.0, 1.0, None)]
     assert _best(unmeasured).eta == 2.0  # the bracket's groups, and samplers without momenta
     all_hot = [group(1.0, 2.0, hot + 0.5), group(2.0, 1.0, hot + 5.0)]

@@ -134,6 +134,9 @@ class Sampler:
     #: then its mean square per coordinate over ``T`` (the kinetic temperature) is 1 there,
     #: and above 1 where unaccounted gradient noise heats the chains.
     unit_gaussian_momentum: ClassVar[bool] = False
+    #: Whether a thermostat holds the momenta's kinetic temperature at ``T``: then it shows
+    #: neither the heat of gradient noise nor an unstable step.
+    thermostatted: ClassVar[bool] = False
 
     def __init__(
         self,

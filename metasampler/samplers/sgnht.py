@@ -70,6 +70,7 @@ class SGNHT(Sampler):
 
     order = "second"
     unit_gaussian_momentum = True
+    thermostatted = True
 
     def __init__(
         self,
