@@ -1105,9 +1105,8 @@ def adapt_burn_in(
     eta, _ = step_round(eta, [1.0 / factor, 1.0, factor], last_len)
 
     # 5. settle: every chain at the chosen kernel
-    if scale != 1.0:  # a schedule's base step, its peak no larger than a step found as good
-        good = [g for g in _candidates(last_groups) if not _clearly_worse_than_best(g, last_groups)]
-        largest = max((g.eta for g in good), default=eta)
+    if scale != 1.0:  # a schedule's base step, its peak no larger than a step that held
+        largest = max((g.eta for g in _candidates(last_groups)), default=eta)
         eta = min(eta / scale, largest / _schedule_peak(sampler, search.kept_steps))
     final = copy.copy(sampler)
     final.eta, final.lr = eta, None
