@@ -26,10 +26,10 @@ change again; a sampler's own warm-up statistics are fixed by its ``end_warmup``
 run. A sampler with a schedule (cSGHMC's cyclical one, a decay) is searched with constant
 steps, and its base step is set so that the schedule's mean multiplier over the kept run's
 sampling steps times it is the chosen constant step (``AdaptResult.schedule_scale``), but no
-larger than the schedule's peak takes beyond the largest step of the last round that scored
-as well as the best (a cycle's first steps run at the full base step, and a step that merely
-did not diverge in a short trial can still heat the chains over a run); the schedule then
-runs as it would.
+larger than the schedule's peak takes beyond the largest step that held in the last round (a
+cycle's first steps run at the full base step, and a step of the bracket that merely did not
+diverge in its short trial can still heat the chains over a run); the schedule then runs as
+it would.
 
 **Groups.** Every group of a round runs a copy of the same trial chains (``max(8, K / G)`` of
 the ``K`` chains, drawn afresh each round) with the same random numbers (noise and
@@ -264,8 +264,8 @@ class AdaptResult:
         schedule_scale: for a sampler with a schedule, its mean multiplier over the kept
             run's sampling steps: the search tried constant steps (``Trial.eta``) and ``eta``
             is the chosen one divided by it, so that the schedule's mean step is the chosen
-            one (at most the largest step of the last round that scored as well as the
-            best, over the schedule's peak multiplier); 1 for a constant step.
+            one (at most the largest step that held in the last round, over the
+            schedule's peak multiplier); 1 for a constant step.
     """
 
     eta: float
