@@ -26,9 +26,10 @@ change again; a sampler's own warm-up statistics are fixed by its ``end_warmup``
 run. A sampler with a schedule (cSGHMC's cyclical one, a decay) is searched with constant
 steps, and its base step is set so that the schedule's mean multiplier over the kept run's
 sampling steps times it is the chosen constant step (``AdaptResult.schedule_scale``), but no
-larger than the schedule's peak takes beyond the largest step that held in the last round (a
-cycle's first steps run at the full base step, and a step of the bracket that merely did not
-diverge in its short trial can still heat the chains over a run); the schedule then runs as
+larger than the schedule's peak takes beyond the largest step of the last round that scored
+as well as the best (a cycle's first steps run at the full base step, and a step that merely
+did not diverge in a short trial can still heat the chains over a run: on the benchmark's
+MNIST tasks cSGLD's NLL was up to 11 % worse with the larger cap); the schedule then runs as
 it would.
 
 **Groups.** Every group of a round runs a copy of the same trial chains (``max(8, K / G)`` of
@@ -264,8 +265,8 @@ class AdaptResult:
         schedule_scale: for a sampler with a schedule, its mean multiplier over the kept
             run's sampling steps: the search tried constant steps (``Trial.eta``) and ``eta``
             is the chosen one divided by it, so that the schedule's mean step is the chosen
-            one (at most the largest step that held in the last round, over the
-            schedule's peak multiplier); 1 for a constant step.
+            one (at most the largest step of the last round that scored as well as the
+            best, over the schedule's peak multiplier); 1 for a constant step.
     """
 
     eta: float
@@ -1105,8 +1106,9 @@ def adapt_burn_in(
     eta, _ = step_round(eta, [1.0 / factor, 1.0, factor], last_len)
 
     # 5. settle: every chain at the chosen kernel
-    if scale != 1.0:  # a schedule's base step, its peak no larger than a step that held
-        largest = max((g.eta for g in _candidates(last_groups)), default=eta)
+    if scale != 1.0:  # a schedule's base step, its peak no larger than a step found as good
+        good = [g for g in _candidates(last_groups) if not _clearly_worse_than_best(g, last_groups)]
+        largest = max((g.eta for g in good), default=eta)
         eta = min(eta / scale, largest / _schedule_peak(sampler, search.kept_steps))
     final = copy.copy(sampler)
     final.eta, final.lr = eta, None
