@@ -296,10 +296,16 @@ def plot_suite(tasks: Mapping[str, Mapping[str, Any]], path: str | Path) -> None
     names = list(tasks)
     fig, axes = plt.subplots(2, max(len(names), 1), figsize=(3.2 * max(len(names), 1), 6.4))
     axes = np.asarray(axes).reshape(2, -1)
+    # one row per method over all tasks (a task without a method leaves its row empty)
+    labels: list[str] = []
+    for summary in tasks.values():
+        for entry in summary["methods"].values():
+            if entry["label"] not in labels:
+                labels.append(entry["label"])
     for col, name in enumerate(names):
         keyed = [(k, e) for k, e in tasks[name]["methods"].items() if not e.get("error")]
         entries = [e for _, e in keyed]
-        labels = [e["label"] for e in entries]
+        rows = [labels.index(e["label"]) for e in entries]
         for row, (metric, scale, title) in enumerate(
             (("average_nll", 1, "NLL (avg)"), ("average_error", 100, "error % (avg)"))
         ):
@@ -308,8 +314,8 @@ def plot_suite(tasks: Mapping[str, Mapping[str, Any]], path: str | Path) -> None
             errors = [np.nan_to_num(e["summary"][metric]["se"]) * scale for e in entries]
             colors = ["tab:red" if k == LEARNED else "tab:orange" if k == CONSTANT else "tab:gray"
                       for k, _ in keyed]  # fmt: skip
-            ax.barh(range(len(entries)), means, xerr=errors, color=colors)
-            ax.set_yticks(range(len(entries)), labels if col == 0 else [""] * len(entries))
+            ax.barh(rows, means, xerr=errors, color=colors)
+            ax.set_yticks(range(len(labels)), labels if col == 0 else [""] * len(labels))
             ax.set_xlim(min(means) * 0.97, max(means) * 1.02)
             ax.set_title(f"{name}: {title}", fontsize=9)
     fig.tight_layout()
