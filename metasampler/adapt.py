@@ -28,9 +28,8 @@ steps, and its base step is set so that the schedule's mean multiplier over the 
 sampling steps times it is the chosen constant step (``AdaptResult.schedule_scale``), but no
 larger than the schedule's peak takes beyond the largest step of the last round that scored
 as well as the best (a cycle's first steps run at the full base step, and a step that merely
-did not diverge in a short trial can still heat the chains over a run: on the benchmark's
-MNIST tasks cSGLD's NLL was up to 11 % worse with the larger cap); the schedule then runs as
-it would.
+did not diverge in a short trial can still heat the chains over a run); the schedule then
+runs as it would.
 
 **Groups.** Every group of a round runs a copy of the same trial chains (``max(8, K / G)`` of
 the ``K`` chains, drawn afresh each round) with the same random numbers (noise and
@@ -102,8 +101,7 @@ chains, burn-in 150 of 400 steps) the adapted run takes about 1.9 times a plain 
 (``speed/bench_adapt_cost.py``). On targets so small that a step costs its fixed overhead, a
 round costs about ``G + 1`` steps: on the paper's 20-D toy Gaussian (50 chains, burn-in 2,000
 of 12,000 steps) the adapted run takes 1.2 to 1.7 times a plain run (``speed/bench_adapt.py``).
-Groups of fewer chains would cost less, but their choices are noisier: with half the chains
-per group the momentum samplers on MNIST chose steps that ran hot.
+Fewer chains per group would cost less but rank the steps less reliably.
 
 **Few chains.** With fewer than eight chains every group runs all of them.
 """
@@ -916,14 +914,11 @@ def _candidates(groups: list[_Group]) -> list[_Group]:
     carry the start's transient), whose momenta's kinetic temperature is at most
     :data:`KINETIC_TOLERANCE` further from 1 than the closest group's."""
     held = [g for g in groups if g.error is None and math.isfinite(g.score)]
-    return [g for g in held if _near_enough(g.kinetic, [h.kinetic for h in held])]
-
-
-def _near_enough(kinetic: float | None, round_kinetics: Sequence[float | None]) -> bool:
-    """Whether a kinetic temperature is within :data:`KINETIC_TOLERANCE` of the distance
-    from 1 of the closest of its round (``True`` where not measured)."""
-    measured = [abs(k - 1.0) for k in round_kinetics if k is not None]
-    return kinetic is None or abs(kinetic - 1.0) <= min(measured) + KINETIC_TOLERANCE
+    distances = [abs(g.kinetic - 1.0) for g in held if g.kinetic is not None]
+    if not distances:
+        return held
+    limit = min(distances) + KINETIC_TOLERANCE
+    return [g for g in held if g.kinetic is None or abs(g.kinetic - 1.0) <= limit]
 
 
 def _best(groups: list[_Group]) -> _Group | None:

@@ -55,15 +55,15 @@ def _factory(cfg, key: str, problem) -> tuple[MethodFactory, float | None]:
     """The method at its options' first grid values, and its step grid's middle value (the
     adapted run's start, as ``tune.mode: adapt``)."""
     section = OmegaConf.to_container(cfg.methods[key], resolve=True)
-    spec = METHODS[key]
-    for option in spec.tuning_stages(section):
-        section[option] = spec.option_grid(section, option)[0]
+    method = METHODS[key]
+    for option in method.tuning_stages(section):
+        section[option] = method.option_grid(section, option)[0]
         section[f"{option}_grid"] = []
     make = MethodFactory(
         key, section, problem.target.n_data, cfg.budget.warmup_steps,
         cfg.budget.warmup_lr_factor, cfg.sampler_path, "cpu",
     )  # fmt: skip
-    grid = sorted(spec.grid(section)) or [None]
+    grid = sorted(method.grid(section)) or [None]
     return make, grid[len(grid) // 2]
 
 
