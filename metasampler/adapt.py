@@ -16,10 +16,16 @@ step; a criterion ranks them and the search narrows on a log grid:
    is taken only where its momenta run no hotter: a trial sees at once the mixing a lower
    friction buys, but the heat the gradient's noise then brings reaches the positions' slow
    directions only over the kept run, while the momenta show it within ``1 / (eta C)``
-   steps (their kinetic temperature, below).
+   steps (their kinetic temperature, below). (Chosen before the step, at the bracket's
+   coarser one, the friction drifts up with a step too large and the step with it.)
 4. **Step again** (3/10): three groups at ``best / f``, ``best``, ``best * f`` with
    ``f = sqrt(2)`` (2 where round 2's best was at its end).
 5. **Settle** (the rest, at least a quarter): every chain at the chosen step and friction.
+
+Where the rounds' shares of the burn-in would cost more than ``Adapt.extra_cost`` (0.6) of a
+plain run's chain-steps (short runs with a long burn-in and few chains), the bracket's groups
+run four chains instead of eight and, where that is not enough, every round is shortened by
+the same factor and the settle phase takes the rest (**Cost**, below).
 
 The kept samples are then drawn with that fixed kernel: the step and the friction never
 change again; a sampler's own warm-up statistics are fixed by its ``end_warmup`` as in a plain
@@ -87,21 +93,25 @@ first quarter lets chains that changed step settle), on the steps the schedule c
 * ``"validation"`` (``Adapt(validation=(x, y))``, a :class:`~metasampler.BayesianModel`):
   the negative log posterior-predictive probability of held-out data under the average of the
   group's samples (as the benchmark's grid tuning scores a step), on at most
-  ``Adapt.max_validation`` held-out examples, at eight points of each round's window.
+  ``Adapt.max_validation`` held-out examples, at four points of each round's window.
 
 The burn-in sees only what its length shows: on a badly conditioned target a kept run much
 longer than the burn-in mixes slow directions that no trial can, and the choice is as good as
 the trial's noise allows (``speed/bench_adapt.py`` measures it against a grid).
 
 **Cost.** Each group is its own call of the sampler's step, on ``max(8, K / G)`` chains, plus
-one call for the other chains. Where the gradient's arithmetic dominates (networks, many
-chains) a round costs about two steps of the ``K`` chains (one in the settle phase), but with
-eight chains or fewer every group runs all of them: on the benchmark's MNIST network (8
-chains, burn-in 150 of 400 steps) the adapted run takes about 1.9 times a plain run
-(``speed/bench_adapt_cost.py``). On targets so small that a step costs its fixed overhead, a
-round costs about ``G + 1`` steps: on the paper's 20-D toy Gaussian (50 chains, burn-in 2,000
-of 12,000 steps) the adapted run takes 1.2 to 1.7 times a plain run (``speed/bench_adapt.py``).
-Fewer chains per group would cost less but rank the steps less reliably.
+one call for the other chains. Where the gradient's arithmetic dominates (networks), a step's
+cost is its chains' count: a round of ``G`` groups adds ``(G - 1)`` times its trial chains to
+each of its steps, and the rounds are kept within ``Adapt.extra_cost`` (0.6) of the whole
+run's chain-steps. On the benchmark's MNIST network (8 chains, burn-in 150 of 400 steps,
+where every group runs all eight chains) the adapted run takes 1.6 to 1.7 times a plain run
+of the kernel it chose (``speed/bench_adapt_cost.py``). A tighter budget costs choices: at
+``extra_cost=0.4`` (1.4-1.5 times a plain run) the rounds are a third shorter and 18 of the 24
+MNIST benchmark rows were within 3 % of their grid-tuned NLL, against 20 at 0.6. On targets
+so small that a step costs its fixed overhead, a round costs about ``G + 1`` steps whatever
+its chains: on the paper's 20-D toy Gaussian (50 chains, burn-in 2,000 of 12,000 steps) the
+adapted run takes 1.2 to 1.7 times a plain run (``speed/bench_adapt.py``). Fewer chains per
+group would cost less but rank the steps less reliably.
 
 **Few chains.** With fewer than eight chains every group runs all of them.
 """
@@ -144,7 +154,8 @@ MIN_BURN_IN = 100
 _BRACKET_RATIO = 4.0
 _MAX_BRACKET_MOVES = 2
 _MIN_TRIAL_CHAINS = 8
-_VALIDATION_POINTS = 8
+_MIN_BRACKET_CHAINS = 4
+_VALIDATION_POINTS = 4
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,11 @@ class Adapt:
         span: the first round tries steps from ``start / span`` to ``start * span``
             (factor 4 apart; at least 16).
         max_validation: score on at most this many held-out examples (a fixed random subset).
+        extra_cost: the trial rounds' work beyond a plain run, at most this fraction of a plain
+            run's chain-steps (burn-in and kept steps): where the rounds' shares of the
+            burn-in would cost more, the bracket runs fewer chains and the rounds are
+            shortened (the settle phase takes the rest). A larger value buys longer trials
+            (a less noisy choice) on short runs; a smaller one a cheaper, noisier choice.
 
     Raises:
         ValueError: a bad value (the message names it).
@@ -171,6 +187,7 @@ class Adapt:
     friction: bool = True
     span: float = 256.0
     max_validation: int = 1000
+    extra_cost: float = 0.6
 
     def __post_init__(self) -> None:
         if self.validation is not None:
@@ -197,6 +214,9 @@ class Adapt:
             raise ValueError(
                 f"Adapt(max_validation=...) must be an integer >= 1, got {self.max_validation!r}"
             )
+        cost = self.extra_cost
+        if isinstance(cost, bool) or not isinstance(cost, Real) or not 0 < cost < math.inf:
+            raise ValueError(f"Adapt(extra_cost=...) must be a number > 0, got {cost!r}")
         if self.max_validation < 1:
             raise ValueError(
                 f"Adapt(max_validation=...) must be an integer >= 1, got {self.max_validation!r}"
@@ -647,9 +667,9 @@ class _HeatStats:
 
     def update(self, p: Tensor) -> None:
         """Add one step of the scored chains' momenta."""
-        p = p[: self.n_blocks * self.per_block].double()
-        sq = p.square().reshape(self.n_blocks, self.per_block, -1).sum(1)
-        self.sums = sq if self.sums is None else self.sums + sq
+        p = p[: self.n_blocks * self.per_block]
+        sq = p.square().reshape(self.n_blocks, self.per_block, -1).sum(1).double()
+        self.sums = sq if self.sums is None else self.sums.add_(sq)
         self.steps += 1
 
     def mean_temperature(self) -> float | None:
@@ -665,21 +685,26 @@ class _HeatStats:
         block in turn."""
         if self.sums is None or self.n_blocks < 3:
             return 0.0, []
-        blocks = list(range(self.n_blocks))
-        leave_out = [self.value(blocks[:j] + blocks[j + 1 :]) for j in blocks]
-        return self.value(blocks), leave_out
+        t = self.sums / (self.steps * self.per_block * self.temperature)  # (blocks, D)
+        n = self.n_blocks
+        total, squares = t.sum(0), t.square().sum(0)
+        # every block left out in turn, at once: sums over the other n - 1 blocks
+        rest, rest_squares = total - t, squares - t.square()
+        leave_out = self._heat(rest, rest_squares, n - 1).tolist()
+        return float(self._heat(total, squares, n)), leave_out
 
-    def value(self, blocks: list[int]) -> float:
-        """``sum_i (t_i - 1)^2 / 4`` over coordinates, ``t_i`` the kinetic temperature of
-        coordinate ``i`` (its momentum's mean square over ``T``): the KL of a Gaussian at
-        ``t_i`` times the target's variance along each coordinate, to second order, the heat
-        the positions reach where the momenta run at ``t_i``. Each square less its
-        estimate's variance (from the spread over blocks of chains), so that the noisier
-        estimate of slower momenta does not count as heat."""
-        assert self.sums is not None
-        t = self.sums[torch.tensor(blocks)] / (self.steps * self.per_block * self.temperature)
-        noise = t.var(0) / len(blocks)
-        return float(((t.mean(0) - 1.0).square() - noise).sum() / 4.0)
+    @staticmethod
+    def _heat(total: Tensor, squares: Tensor, n: int) -> Tensor:
+        """``sum_i (t_i - 1)^2 / 4`` over coordinates (the last dimension), ``t_i`` the
+        kinetic temperature of coordinate ``i`` (its momentum's mean square over ``T``; here
+        the mean of ``n`` blocks' values, from their ``total`` and the total of their
+        ``squares``): the KL of a Gaussian at ``t_i`` times the target's variance along each
+        coordinate, to second order, the heat the positions reach where the momenta run at
+        ``t_i``. Each square less its estimate's variance (from the spread over the blocks),
+        so that the noisier estimate of slower momenta does not count as heat."""
+        mean = total / n
+        variance = (squares - n * mean.square()) / (n - 1)
+        return ((mean - 1.0).square() - variance / n).sum(-1) / 4.0
 
 
 # -- the search ------------------------------------------------------------------------------
@@ -715,6 +740,7 @@ class _Search:
     validation: tuple[Tensor, Tensor] | None
     trials: list[Trial] = field(default_factory=list)
     rounds: int = 0
+    bracket_minimum: int = _MIN_TRIAL_CHAINS  # chains per bracket group, at least
 
     def configured(self, friction: float | None) -> Sampler:
         """The sampler with ``friction`` set (a shallow copy), or the sampler itself."""
@@ -726,10 +752,10 @@ class _Search:
         setattr(other, self.friction_name, friction)
         return other
 
-    def trial_chains(self, n_groups: int) -> tuple[Tensor, Tensor]:
-        """The chains every group of a round runs a copy of (``max(8, K / G)`` of them, at
-        most ``K``; a fresh draw each round) and the others."""
-        size = min(self.n_chains, max(_MIN_TRIAL_CHAINS, self.n_chains // n_groups))
+    def trial_chains(self, n_groups: int, minimum: int) -> tuple[Tensor, Tensor]:
+        """The chains every group of a round runs a copy of (``max(minimum, K / G)`` of
+        them, at most ``K``; a fresh draw each round) and the others."""
+        size = _trial_size(self.n_chains, n_groups, minimum)
         deal = torch.Generator().manual_seed(1_000_003 * (self.rounds + 1))
         order = torch.randperm(self.n_chains, generator=deal)
         return order[:size].sort().values, order[size:].sort().values
@@ -747,7 +773,8 @@ class _Search:
         Returns the merged ``K``-chain state and the scored groups."""
         proxy, recorder = _recording(self.target)
         keys = _chain_keys(state)
-        trial, others = self.trial_chains(len(settings))
+        minimum = self.bracket_minimum if kind == "bracket" else _MIN_TRIAL_CHAINS
+        trial, others = self.trial_chains(len(settings), minimum)
         window = max(1, (3 * length) // 4)
         every = max(1, window // _VALIDATION_POINTS)
         # the window's steps the schedule collects (all of them where it collects none,
@@ -900,6 +927,36 @@ def _schedule_peak(sampler: Sampler, steps: int) -> float:
     return max(peak, 1e-12)
 
 
+def _shares(friction: bool) -> tuple[float, float, float]:
+    """The step, friction and second step rounds' shares of the burn-in after the bracket
+    (the settle phase takes the rest)."""
+    return (0.25, 0.2, 0.3) if friction else (0.35, 0.0, 0.4)
+
+
+def _trial_size(n_chains: int, n_groups: int, minimum: int) -> int:
+    """How many chains each group of a round runs: ``max(minimum, K / G)``, at most ``K``."""
+    return min(n_chains, max(minimum, n_chains // n_groups))
+
+
+def _length_scale(
+    n_chains: int,
+    burn_in: int,
+    kept_steps: int,
+    bracket_groups: int,
+    bracket_minimum: int,
+    friction: bool,
+    extra_cost: float,
+) -> float:
+    """The factor (at most 1) on the rounds' shares of the burn-in that keeps their extra
+    chain-steps (each group beyond the first adds its trial chains) within ``extra_cost``
+    times the chain-steps of a plain run, where every round would run."""
+    bracket = (bracket_groups - 1) * _trial_size(n_chains, bracket_groups, bracket_minimum)
+    later = 2 * _trial_size(n_chains, 3, _MIN_TRIAL_CHAINS)
+    shares = sum(_shares(friction))
+    extra = (bracket * burn_in / 8 + later * shares * (burn_in - burn_in // 8)) / n_chains
+    return min(1.0, extra_cost * (burn_in + kept_steps) / extra) if extra > 0 else 1.0
+
+
 def _friction_of(sampler: Sampler) -> tuple[str | None, float | None]:
     for name in FRICTION_ATTRIBUTES:
         value = getattr(sampler, name, None)
@@ -979,6 +1036,19 @@ def _hotter(group: _Group | None, than: _Group | None) -> bool:
     return group.heat > than.heat
 
 
+def _chosen_friction(groups: list[_Group], friction: float) -> float:
+    """The friction round's choice: the sampler's ``friction`` stays unless another is
+    clearly better (:func:`_clearly_worse_than_best`), and a lower one must not bring more
+    heat (:func:`_hotter`)."""
+    kept = next((g for g in groups if g.friction == friction), None)
+    chosen = _choose(groups, "friction")
+    if chosen is None or not _clearly_worse_than_best(kept, groups):
+        return friction
+    if chosen[0] < friction and _hotter(_best(groups), kept):
+        return friction
+    return chosen[0]
+
+
 def _friction_ok(sampler: Sampler, name: str, value: float) -> bool:
     """SGHMC needs ``noise_estimate <= friction``."""
     return not (name == "friction" and value < getattr(sampler, "noise_estimate", 0.0))
@@ -1032,7 +1102,18 @@ def adapt_burn_in(
     half = int(round(math.log(config.span) / math.log(_BRACKET_RATIO)))
 
     # 1. bracket, moved while the best is at an end
-    bracket_len = burn_in // 8
+    adapt_friction = name is not None and start_friction is not None
+    # the bracket's groups run eight chains where the budget allows it, else four (it only
+    # locates the scale; fewer chains there leave the later rounds more of the budget)
+    for bracket_minimum in (_MIN_TRIAL_CHAINS, _MIN_BRACKET_CHAINS):
+        scaled = _length_scale(
+            n_chains, burn_in, kept_steps, 2 * half + 1, bracket_minimum, adapt_friction,
+            config.extra_cost,
+        )  # fmt: skip
+        if scaled >= 1.0:
+            break
+    search.bracket_minimum = bracket_minimum
+    bracket_len = max(1, int(scaled * burn_in / 8))
     centre, best, moves = start_eta * scale, None, 0
     tried: list[float] = []
     carry = None  # the other chains wait until a step is known
@@ -1065,11 +1146,10 @@ def adapt_burn_in(
     eta = best.eta
 
     # 2-4. the step, the friction, the step again, in shares of what is left
-    adapt_friction = name is not None and start_friction is not None
-    left = burn_in - used
-    shares = (0.25, 0.2, 0.3) if adapt_friction else (0.35, 0.0, 0.4)
-    step_len, friction_len, last_len = (max(1, int(f * left)) for f in shares)
-
+    left = min(burn_in - used, scaled * (burn_in - burn_in // 8))
+    step_len, friction_len, last_len = (
+        max(1, int(share * left)) for share in _shares(adapt_friction)
+    )
     last_groups: list[_Group] = []
 
     def step_round(eta: float, factors: Sequence[float], length: int) -> tuple[float, bool]:
@@ -1087,16 +1167,7 @@ def adapt_burn_in(
         settings = [(eta, f) for f in options if _friction_ok(sampler, name, f)]
         state, groups = search.run_round(state, settings, friction_len, "friction", (eta, friction))
         used += friction_len
-        kept = next((g for g in groups if g.friction == friction), None)
-        chosen = _choose(groups, "friction")
-        # the sampler's friction stays unless another is clearly better, and a lower one
-        # must not bring more heat
-        if (
-            chosen is not None
-            and _clearly_worse_than_best(kept, groups)
-            and (chosen[0] >= friction or not _hotter(_best(groups), kept))
-        ):
-            friction = chosen[0]
+        friction = _chosen_friction(groups, friction)
     factor = 2.0 if at_end else math.sqrt(2.0)
     eta, _ = step_round(eta, [1.0 / factor, 1.0, factor], last_len)
 

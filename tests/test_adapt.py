@@ -254,6 +254,9 @@ def test_bad_adapt_arguments_name_what_is_wrong(kwargs, message):
         ({"span": 4.0}, "span=...\\) must be a finite number >= 16"),
         ({"friction": 1}, "friction=...\\) must be True or False"),
         ({"max_validation": 0}, "max_validation=...\\) must be an integer >= 1"),
+        ({"extra_cost": 0.0}, "extra_cost=...\\) must be a number > 0"),
+        ({"extra_cost": float("nan")}, "extra_cost=...\\) must be a number > 0"),
+        ({"extra_cost": True}, "extra_cost=...\\) must be a number > 0"),
     ],
 )
 def test_bad_adapt_options_name_what_is_wrong(kwargs, message):
@@ -283,31 +286,36 @@ def test_heat_is_the_kl_of_the_kinetic_temperature_and_unbiased_at_the_target():
     assert sum(hot) / len(hot) == pytest.approx(20 * 0.2**2 / 4, rel=0.15)
 
 
-def test_a_lower_friction_that_runs_hotter_is_not_taken(monkeypatch):
+def test_a_lower_friction_that_runs_hotter_is_not_taken():
     """On the paper's toy Gaussian with gradient noise N(0, 1), halving SGHMC's friction
-    mixes faster in the trial but heats the kept chains (its KL at 12,000 steps is 40 %
-    higher, speed/bench_adapt.py): the friction stays; without the heat check the trial's
-    faster mixing takes the lower one."""
-    import metasampler.adapt as adapt_module
+    mixes faster in a trial but heats the kept chains (its KL at 12,000 steps is 40 %
+    higher, speed/bench_adapt.py): the friction round measures that heat, and a lower
+    friction that scores clearly better is still refused where its momenta run hotter."""
+    from metasampler.adapt import _chosen_friction, _Group
     from tasks.toy import paper_test_gaussian
 
     task = paper_test_gaussian(seed=0)
-    target = task.target(grad_noise_std=1.0)
-
-    def adapted() -> ms.AdaptResult:
-        result = ms.sample(
-            ms.samplers.SGHMC(eta=0.07, friction=1.0), target, 50, 4000, burn_in=2000,
-            init=lambda gen: 6.0 * torch.rand((50, task.dim), generator=gen),
-            seed=0, progress=False, adapt=True,
-        )  # fmt: skip
-        return result.adapted
-
-    chosen = adapted()
-    friction_round = [t for t in chosen.trials if t.kind == "friction"]
+    result = ms.sample(
+        ms.samplers.SGHMC(eta=0.07, friction=1.0), task.target(grad_noise_std=1.0), 50, 4000,
+        burn_in=2000, init=lambda gen: 6.0 * torch.rand((50, task.dim), generator=gen),
+        seed=0, progress=False, adapt=True,
+    )  # fmt: skip
+    friction_round = [t for t in result.adapted.trials if t.kind == "friction"]
     assert [t.friction for t in friction_round] == [0.5, 1.0, 2.0]
-    assert chosen.friction == 1.0
-    monkeypatch.setattr(adapt_module, "_hotter", lambda group, than: False)
-    assert adapted().friction == 0.5
+    assert friction_round[0].heat > friction_round[1].heat  # measured: the lower runs hotter
+
+    def groups(lower_heat: float) -> list:
+        """A round where friction 0.5 scores clearly best (every block 0.3 lower)."""
+        made = []
+        for friction, score, heat in ((0.5, 1.0, lower_heat), (1.0, 1.3, 0.2), (2.0, 1.6, 0.1)):
+            group = _Group(0.1, friction, None, None, None, None, score=score, heat=heat)
+            group.leave_out = [score + 0.01 * j for j in range(8)]
+            group.heat_leave_out = [heat] * 8
+            made.append(group)
+        return made
+
+    assert _chosen_friction(groups(lower_heat=0.5), 1.0) == 1.0  # hotter: refused
+    assert _chosen_friction(groups(lower_heat=0.1), 1.0) == 0.5  # no hotter: taken
 
 
 def test_momenta_are_drawn_afresh_so_the_trials_heat_does_not_reach_the_kept_run(monkeypatch):
@@ -323,7 +331,7 @@ def test_momenta_are_drawn_afresh_so_the_trials_heat_does_not_reach_the_kept_run
         for seed in range(3):
             result = ms.sample(
                 ms.samplers.SGHMC(eta=0.05, friction=0.05), target, 32, 400, burn_in=300,
-                seed=seed, progress=False, adapt=True,
+                seed=seed, progress=False, adapt=ms.Adapt(extra_cost=10.0),  # full-length rounds
             )  # fmt: skip
             temperatures.append(float(result.adapted.state.momentum.square().mean()))
         return temperatures
@@ -383,3 +391,33 @@ def test_a_step_whose_momenta_run_further_from_t_than_the_tolerance_is_not_chose
     assert _best(unmeasured).eta == 2.0  # the bracket's groups, and samplers without momenta
     all_hot = [group(1.0, 2.0, hot + 0.5), group(2.0, 1.0, hot + 5.0)]
     assert _best(all_hot).eta == 1.0  # the closest to T, where every group is far from it
+
+
+@pytest.mark.parametrize("extra_cost", [0.2, 0.4])
+def test_adapting_costs_at_most_its_extra_cost(extra_cost):
+    """The trial rounds' gradient evaluations (chain-steps) beyond a plain run's stay within
+    ``Adapt.extra_cost`` of the plain run's, on a short run where the rounds' full shares of
+    the burn-in would cost far more (8 chains, burn-in 150 of 400 steps)."""
+    _, mean, cov = _gaussian()
+    precision = torch.linalg.inv(cov).float()
+    evaluated = [0]
+
+    def energy(x: torch.Tensor) -> torch.Tensor:
+        evaluated[0] += x.shape[0] if x.ndim > 1 else 1
+        centred = x - mean.float()
+        return 0.5 * ((centred @ precision) * centred).sum(-1)
+
+    target = ms.EnergyTarget(energy, dim=D)
+
+    def chain_steps(adapt: ms.Adapt | bool) -> int:
+        evaluated[0] = 0
+        ms.sample(
+            ms.samplers.SGHMC(eta=0.05, friction=1.0), target, 8, 400, burn_in=150, seed=0,
+            progress=False, adapt=adapt,
+        )  # fmt: skip
+        return evaluated[0]
+
+    plain = chain_steps(False)
+    adapted = chain_steps(ms.Adapt(extra_cost=extra_cost))
+    assert plain <= adapted <= (1 + extra_cost) * plain
+    assert adapted > (1 + extra_cost / 2) * plain  # the budget is used, not wasted
