@@ -110,7 +110,7 @@ of the kernel it chose (``speed/bench_adapt_cost.py``). A tighter budget costs c
 MNIST benchmark rows were within 3 % of their grid-tuned NLL, against 20 at 0.6. On targets
 so small that a step costs its fixed overhead, a round costs about ``G + 1`` steps whatever
 its chains: on the paper's 20-D toy Gaussian (50 chains, burn-in 2,000 of 12,000 steps) the
-adapted run takes 1.2 to 1.7 times a plain run (``speed/bench_adapt.py``). Fewer chains per
+adapted run takes 1.3 to 1.8 times a plain run (``speed/bench_adapt.py``). Fewer chains per
 group would cost less but rank the steps less reliably.
 
 **Few chains.** With fewer than eight chains every group runs all of them.
