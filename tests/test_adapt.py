@@ -421,3 +421,22 @@ def test_adapting_costs_at_most_its_extra_cost(extra_cost):
     adapted = chain_steps(ms.Adapt(extra_cost=extra_cost))
     assert plain <= adapted <= (1 + extra_cost) * plain
     assert adapted > (1 + extra_cost / 2) * plain  # the budget is used, not wasted
+
+
+def test_the_bracket_runs_fewer_chains_only_where_the_budget_binds():
+    """Eight chains per bracket group where the budget allows it (four are noise on the toy
+    Gaussian), four where it binds, and every later round on eight."""
+    target, _, _ = _gaussian()
+
+    def chains(extra_cost: float) -> dict[str, set[int]]:
+        result = ms.sample(
+            ms.samplers.SGLD(eta=0.05), target, 8, 400, burn_in=150, seed=0, progress=False,
+            adapt=ms.Adapt(extra_cost=extra_cost),
+        )  # fmt: skip
+        kinds: dict[str, set[int]] = {}
+        for trial in result.adapted.trials:
+            kinds.setdefault(trial.kind, set()).add(trial.chains)
+        return kinds
+
+    assert chains(10.0) == {"bracket": {8}, "step": {8}}
+    assert chains(0.4) == {"bracket": {4}, "step": {8}}
