@@ -16,8 +16,9 @@ step; a criterion ranks them and the search narrows on a log grid:
    is taken only where its momenta run no hotter: a trial sees at once the mixing a lower
    friction buys, but the heat the gradient's noise then brings reaches the positions' slow
    directions only over the kept run, while the momenta show it within ``1 / (eta C)``
-   steps (their kinetic temperature, below). (Chosen before the step, at the bracket's
-   coarser one, the friction drifts up with a step too large and the step with it.)
+   steps (their kinetic temperature, below). The friction is chosen at round 2's step, not
+   the bracket's coarser one: a step too large would pull the friction up, and the step
+   with it.
 4. **Step again** (3/10): three groups at ``best / f``, ``best``, ``best * f`` with
    ``f = sqrt(2)`` (2 where round 2's best was at its end).
 5. **Settle** (the rest, at least a quarter): every chain at the chosen step and friction.
@@ -105,9 +106,8 @@ cost is its chains' count: a round of ``G`` groups adds ``(G - 1)`` times its tr
 each of its steps, and the rounds are kept within ``Adapt.extra_cost`` (0.6) of the whole
 run's chain-steps. On the benchmark's MNIST network (8 chains, burn-in 150 of 400 steps,
 where every group runs all eight chains) the adapted run takes 1.6 to 1.7 times a plain run
-of the kernel it chose (``speed/bench_adapt_cost.py``). A tighter budget costs choices: at
-``extra_cost=0.4`` (1.4-1.5 times a plain run) the rounds are a third shorter and 18 of the 24
-MNIST benchmark rows were within 3 % of their grid-tuned NLL, against 20 at 0.6. On targets
+of the kernel it chose (``speed/bench_adapt_cost.py``); a tighter budget shortens the rounds
+and makes the choice noisier. On targets
 so small that a step costs its fixed overhead, a round costs about ``G + 1`` steps whatever
 its chains: on the paper's 20-D toy Gaussian (50 chains, burn-in 2,000 of 12,000 steps) the
 adapted run takes 1.3 to 1.8 times a plain run (``speed/bench_adapt.py``). Fewer chains per
@@ -214,13 +214,13 @@ class Adapt:
             raise ValueError(
                 f"Adapt(max_validation=...) must be an integer >= 1, got {self.max_validation!r}"
             )
-        cost = self.extra_cost
-        if isinstance(cost, bool) or not isinstance(cost, Real) or not 0 < cost < math.inf:
-            raise ValueError(f"Adapt(extra_cost=...) must be a number > 0, got {cost!r}")
         if self.max_validation < 1:
             raise ValueError(
                 f"Adapt(max_validation=...) must be an integer >= 1, got {self.max_validation!r}"
             )
+        cost = self.extra_cost
+        if isinstance(cost, bool) or not isinstance(cost, Real) or not 0 < cost < math.inf:
+            raise ValueError(f"Adapt(extra_cost=...) must be a number > 0, got {cost!r}")
 
     @property
     def criterion(self) -> str:
@@ -724,6 +724,7 @@ class _Group:
     heat: float = 0.0
     heat_leave_out: list[float] = field(default_factory=list)
     kinetic: float | None = None
+    in_bracket: bool = False
 
 
 @dataclass
@@ -738,9 +739,9 @@ class _Search:
     start_theta: Tensor
     friction_name: str | None
     validation: tuple[Tensor, Tensor] | None
+    bracket_minimum: int  # chains per bracket group, at least
     trials: list[Trial] = field(default_factory=list)
     rounds: int = 0
-    bracket_minimum: int = _MIN_TRIAL_CHAINS  # chains per bracket group, at least
 
     def configured(self, friction: float | None) -> Sampler:
         """The sampler with ``friction`` set (a shallow copy), or the sampler itself."""
@@ -792,7 +793,18 @@ class _Search:
             generator = torch.Generator(device=device).manual_seed(seed)
             sampler = self.configured(friction)
             heat = self._heat_stats(len(trial))
-            groups.append(_Group(eta, friction, sampler, sub, generator, stats, heat_stats=heat))
+            groups.append(
+                _Group(
+                    eta,
+                    friction,
+                    sampler,
+                    sub,
+                    generator,
+                    stats,
+                    heat_stats=heat,
+                    in_bracket=kind == "bracket",
+                )  # fmt: skip
+            )
         rest = None
         if carry is not None and len(others):
             rest = replace(_take(state, others, keys), eta=carry[0])
@@ -833,8 +845,7 @@ class _Search:
                 g.score, g.leave_out = g.stats.score()
                 if g.heat_stats is not None:
                     g.heat, g.heat_leave_out = g.heat_stats.score()
-                    if kind != "bracket":
-                        g.kinetic = g.heat_stats.mean_temperature()
+                    g.kinetic = g.heat_stats.mean_temperature()
                     if self.validation is None:  # the heat is part of the kept run's KL
                         g.score += g.heat
                         g.leave_out = [
@@ -852,9 +863,7 @@ class _Search:
                     len(trial),
                     g.error,
                     None if g.heat_stats is None or g.error is not None else g.heat,
-                    None
-                    if g.error is not None or g.heat_stats is None
-                    else g.heat_stats.mean_temperature(),
+                    g.kinetic,
                 )  # fmt: skip
             )
         self.rounds += 1
@@ -951,10 +960,36 @@ def _length_scale(
     chain-steps (each group beyond the first adds its trial chains) within ``extra_cost``
     times the chain-steps of a plain run, where every round would run."""
     bracket = (bracket_groups - 1) * _trial_size(n_chains, bracket_groups, bracket_minimum)
-    later = 2 * _trial_size(n_chains, 3, _MIN_TRIAL_CHAINS)
-    shares = sum(_shares(friction))
-    extra = (bracket * burn_in / 8 + later * shares * (burn_in - burn_in // 8)) / n_chains
+    later = 2 * _trial_size(n_chains, 3, _MIN_TRIAL_CHAINS)  # three groups a round
+    bracket_len, left = _bracket_share(burn_in), burn_in - int(_bracket_share(burn_in))
+    extra = (bracket * bracket_len + later * sum(_shares(friction)) * left) / n_chains
     return min(1.0, extra_cost * (burn_in + kept_steps) / extra) if extra > 0 else 1.0
+
+
+def _budget(
+    n_chains: int,
+    burn_in: int,
+    kept_steps: int,
+    bracket_groups: int,
+    friction: bool,
+    extra_cost: float,
+) -> tuple[int, float]:
+    """The bracket's chains per group (eight where the budget allows it, else four: it only
+    locates the scale, and fewer chains there leave the later rounds more of the budget) and
+    the rounds' length factor (:func:`_length_scale`)."""
+    for minimum in (_MIN_TRIAL_CHAINS, _MIN_BRACKET_CHAINS):
+        scale = _length_scale(
+            n_chains, burn_in, kept_steps, bracket_groups, minimum, friction, extra_cost
+        )
+        if scale >= 1.0:
+            break
+    return minimum, scale
+
+
+def _bracket_share(burn_in: int) -> float:
+    """The bracket round's share of the burn-in, in steps, at full length (an eighth; the
+    rounds after it share what its whole steps leave)."""
+    return burn_in / 8
 
 
 def _friction_of(sampler: Sampler) -> tuple[str | None, float | None]:
@@ -971,11 +1006,11 @@ def _candidates(groups: list[_Group]) -> list[_Group]:
     carry the start's transient), whose momenta's kinetic temperature is at most
     :data:`KINETIC_TOLERANCE` further from 1 than the closest group's."""
     held = [g for g in groups if g.error is None and math.isfinite(g.score)]
-    distances = [abs(g.kinetic - 1.0) for g in held if g.kinetic is not None]
-    if not distances:
+    judged = [g for g in held if g.kinetic is not None and not g.in_bracket]
+    if not judged:
         return held
-    limit = min(distances) + KINETIC_TOLERANCE
-    return [g for g in held if g.kinetic is None or abs(g.kinetic - 1.0) <= limit]
+    limit = min(abs(g.kinetic - 1.0) for g in judged) + KINETIC_TOLERANCE
+    return [g for g in held if g not in judged or abs(g.kinetic - 1.0) <= limit]
 
 
 def _best(groups: list[_Group]) -> _Group | None:
@@ -1092,28 +1127,21 @@ def adapt_burn_in(
     if not isinstance(sampler.schedule, Constant):
         trial_sampler = copy.copy(sampler)
         trial_sampler.schedule = Constant()
+    half = int(round(math.log(config.span) / math.log(_BRACKET_RATIO)))
+    adapt_friction = name is not None and start_friction is not None
+    bracket_minimum, scaled = _budget(
+        n_chains, burn_in, kept_steps, 2 * half + 1, adapt_friction, config.extra_cost
+    )
     search = _Search(
         trial_sampler, target, config, generator, n_chains, max(1, kept_steps), advance,
-        state.theta.detach().clone(), name, validation,
+        state.theta.detach().clone(), name, validation, bracket_minimum,
     )  # fmt: skip
     start_eta = float(state.eta)
     friction = start_friction
     used = 0
-    half = int(round(math.log(config.span) / math.log(_BRACKET_RATIO)))
 
     # 1. bracket, moved while the best is at an end
-    adapt_friction = name is not None and start_friction is not None
-    # the bracket's groups run eight chains where the budget allows it, else four (it only
-    # locates the scale; fewer chains there leave the later rounds more of the budget)
-    for bracket_minimum in (_MIN_TRIAL_CHAINS, _MIN_BRACKET_CHAINS):
-        scaled = _length_scale(
-            n_chains, burn_in, kept_steps, 2 * half + 1, bracket_minimum, adapt_friction,
-            config.extra_cost,
-        )  # fmt: skip
-        if scaled >= 1.0:
-            break
-    search.bracket_minimum = bracket_minimum
-    bracket_len = max(1, int(scaled * burn_in / 8))
+    bracket_len = max(1, int(scaled * _bracket_share(burn_in)))
     centre, best, moves = start_eta * scale, None, 0
     tried: list[float] = []
     carry = None  # the other chains wait until a step is known
@@ -1146,7 +1174,7 @@ def adapt_burn_in(
     eta = best.eta
 
     # 2-4. the step, the friction, the step again, in shares of what is left
-    left = min(burn_in - used, scaled * (burn_in - burn_in // 8))
+    left = min(burn_in - used, scaled * (burn_in - int(_bracket_share(burn_in))))
     step_len, friction_len, last_len = (
         max(1, int(share * left)) for share in _shares(adapt_friction)
     )

@@ -13,6 +13,7 @@ Usage, from the repository root::
 
     .venv/bin/python -m speed.bench_adapt_cost            # about 5 minutes on one core
     .venv/bin/python -m speed.bench_adapt_cost --methods sgld sghmc
+    .venv/bin/python -m speed.bench_adapt_cost --extra-cost 0.4   # a tighter budget
 """
 
 from __future__ import annotations
@@ -48,23 +49,23 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="*", default=None, help="method keys (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--extra-cost", type=float, default=ms.Adapt.extra_cost, help="Adapt(extra_cost=...)"
+    )
     return parser.parse_args(argv)
 
 
 def _factory(cfg, key: str, problem) -> tuple[MethodFactory, float | None]:
-    """The method at its options' first grid values, and its step grid's middle value (the
-    adapted run's start, as ``tune.mode: adapt``)."""
+    """The method as ``tune.mode: adapt`` starts it, and its start step (``lr``)."""
     section = OmegaConf.to_container(cfg.methods[key], resolve=True)
-    method = METHODS[key]
-    for option in method.tuning_stages(section):
-        section[option] = method.option_grid(section, option)[0]
-        section[f"{option}_grid"] = []
+    start, options = METHODS[key].adapt_start(section)
+    for option, value in options.items():
+        section[option], section[f"{option}_grid"] = value, []
     make = MethodFactory(
         key, section, problem.target.n_data, cfg.budget.warmup_steps,
         cfg.budget.warmup_lr_factor, cfg.sampler_path, "cpu",
     )  # fmt: skip
-    grid = sorted(method.grid(section)) or [None]
-    return make, grid[len(grid) // 2]
+    return make, start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             return time.perf_counter() - begin, result
 
-        adapt = ms.Adapt(validation=validation)
+        adapt = ms.Adapt(validation=validation, extra_cost=args.extra_cost)
         adapted_s, result = run(make(start, budget.n_steps), adapt)
         chosen = result.adapted.sampler
         plain_s, _ = run(chosen, False)
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"\n{problem.name}; {budget.n_chains} chains x {budget.n_steps} steps, burn-in "
-        f"{budget.burn_in}; seed {args.seed}; {args.threads} thread(s); torch "
+        f"{budget.burn_in}; extra_cost {args.extra_cost}; seed {args.seed}; "
+        f"{args.threads} thread(s); torch "
         f"{torch.__version__}, {platform.processor() or '?'}, {os.cpu_count()} cores; "
         f"`{command.strip()}`.\n\n"
         "| sampler | adapted eta | adapted run | plain run at that kernel | ratio |\n"

@@ -14,9 +14,9 @@ round's SGHMC block time.
   flags (compiled step), the same with its stiffness input recomputed every step (what a
   warm-up step does), and forced eager (``use_compile=False``); untrained nets of the same
   design with the other width (10 units); the same file with ``thermostat=False`` (the
-  thermostat's price); the
-  sampler of Gong et al. (2019), ``NNSGHMC(curl_input="momentum", thermostat=False)`` with
-  10-unit nets, exact and finite-difference Gamma. The warm-up waits for the background
+  thermostat's price); the sampler of Gong et al. (2019),
+  ``NNSGHMC(curl_input="momentum", thermostat=False)`` with 10-unit nets, exact and
+  finite-difference Gamma. The warm-up waits for the background
   builds, so the timed steps are the steady state.
 * ``meta``: one unrolled meta-training window (W = 5 steps with autograd, then the backward
   of a loss on the final state) per block, divided by W, against an SGHMC sampling step, of

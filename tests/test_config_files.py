@@ -54,7 +54,7 @@ def test_train_meta_says_the_file_must_hold_a_mapping(tmp_path):
 
 def test_the_suite_config_checks_every_task_before_any_run(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    sys.path.insert(0, str(ROOT))
+    monkeypatch.syspath_prepend(str(ROOT))
     import evaluate
 
     suite = evaluate._load_suite("configs/suite.yaml")

@@ -330,6 +330,14 @@ class MethodSpec:
         """The size of each :meth:`tuning_stages` option's grid, in order."""
         return [len(self.option_grid(section, option)) for option in self.tuning_stages(section)]
 
+    def adapt_start(self, section: Mapping[str, Any]) -> tuple[float | None, dict[str, float]]:
+        """Where an adapted run (``tune.mode: adapt``) starts: the step grid's middle value
+        (``None``, the stored step, without one) and each tuned option at its grid's first
+        value."""
+        grid = sorted(self.grid(section)) or [None]
+        options = {o: self.option_grid(section, o)[0] for o in self.tuning_stages(section)}
+        return grid[len(grid) // 2], options
+
     def option_grid(self, section: Mapping[str, Any], option: str | None = None) -> list[float]:
         """The grid of ``option`` (default: :meth:`tuned_option`) in a config section (empty:
         the section's fixed value, or a method without one)."""

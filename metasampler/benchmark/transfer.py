@@ -217,10 +217,9 @@ class MethodBenchmark:
         (:mod:`metasampler.adapt`), from the middle of the step grid (the stored step without
         one), ranked by the validation NLL; the other options at their grids' first values.
         The entry reports the median choice over seeds and each seed's."""
-        start = sorted(self.base_grid, key=lambda v: -1.0 if v is None else v)
-        start_lr = start[len(start) // 2]
-        for option in self.stages:
-            self._use_option(self.spec.option_grid(self.section, option)[0], option)
+        start_lr, options = self.spec.adapt_start(self.section)
+        for option, value in options.items():
+            self._use_option(value, option)
         per_seed = [self._run_seed(start_lr, int(seed)) for seed in self.setting.cfg.seeds]
         n_data, order = self.setting.problem.target.n_data, self.spec.sampler_class.order
         choices = []
