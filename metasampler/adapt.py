@@ -18,10 +18,25 @@ step; a criterion ranks them and the search narrows on a log grid:
    directions only over the kept run, while the momenta show it within ``1 / (eta C)``
    steps (their kinetic temperature, below). The friction is chosen at round 2's step, not
    the bracket's coarser one: a step too large would pull the friction up, and the step
-   with it.
+   with it. Where the choice is an end of the round, alone (no other group within noise of
+   it), the optimum may lie beyond: the next round tries that end and 2 and 4 times further
+   out, keeping the end unless another is clearly better (**Moves**, below).
 4. **Step again** (3/10): three groups at ``best / f``, ``best``, ``best * f`` with
-   ``f = sqrt(2)`` (2 where round 2's best was at its end).
-5. **Settle** (the rest, at least a quarter): every chain at the chosen step and friction.
+   ``f = sqrt(2)`` (2 where round 2's best was at its end or the friction moved); where
+   round 2 chose an end alone, the groups go outward from it instead (``best * f**j``,
+   ``j = 0, 1, 2``, or the same below), and the choice's ties reach only the best's next
+   neighbours (a flat stretch of scores does not carry it away from the step round 2
+   preferred). While the choice is the far end, alone, rounds move on further out in the
+   same way.
+5. **Settle** (the rest, at least an eighth of the burn-in): every chain at the chosen step
+   and friction.
+
+**Moves.** A search that starts far off (a step 100x too small, a cold start far from the
+posterior, a friction ten times too low) spends its first rounds in the chains' transient,
+where the largest stable step looks best; the rounds after it then find the optimum below
+the end of their values. Rounds that move on from an end, each half the length of the round
+it continues, at most three per parameter, fetch it, as long as the budget (**Cost**) and
+the settle phase's eighth of the burn-in leave room for them.
 
 Where the rounds' shares of the burn-in would cost more than ``Adapt.extra_cost`` (0.6) of a
 plain run's chain-steps (short runs with a long burn-in and few chains), the bracket's groups
@@ -46,10 +61,11 @@ of its best group and the neighbours whose score is within noise of the best (``
 jackknife standard errors of the paired difference, over blocks of chains), so that choosing
 between steps the criterion cannot tell apart does not drift with its noise. After the round
 the trial chains continue from their copies in the best group (after a bracket round, from
-where they were: a step 16 times too large can leave them damaged without diverging, and the
-bracket only locates the scale); the other chains meanwhile run
-at the best step so far (they wait during the first bracket), so every chain keeps its own
-trajectory and the kept chains stay independent (R-hat and ESS mean what they say). A group
+where they were: a step 16 times too large can leave them damaged without diverging, hotter
+in slow directions than any later round cools, and the bracket only locates the scale); the
+other chains meanwhile run at the best step so far (they wait during the first bracket), so
+every chain keeps its own trajectory and the kept chains stay independent (R-hat and ESS
+mean what they say). A group
 that diverges (a :class:`~metasampler.NonFiniteError`, or positions that are not finite) is
 dropped at once; where a whole round diverges, its trial chains restart from their start
 positions. Only when every step tried, down to ``span**3`` below the start, diverges is it an
@@ -110,7 +126,7 @@ of the kernel it chose (``speed/bench_adapt_cost.py``); a tighter budget shorten
 and makes the choice noisier. On targets
 so small that a step costs its fixed overhead, a round costs about ``G + 1`` steps whatever
 its chains: on the paper's 20-D toy Gaussian (50 chains, burn-in 2,000 of 12,000 steps) the
-adapted run takes 1.3 to 1.8 times a plain run (``speed/bench_adapt.py``). Fewer chains per
+adapted run takes 1.3 to 1.6 times a plain run (``speed/bench_adapt.py``). Fewer chains per
 group would cost less but rank the steps less reliably.
 
 **Few chains.** With fewer than eight chains every group runs all of them.
@@ -156,6 +172,7 @@ _MAX_BRACKET_MOVES = 2
 _MIN_TRIAL_CHAINS = 8
 _MIN_BRACKET_CHAINS = 4
 _VALIDATION_POINTS = 4
+_MAX_MOVES = 3  # rounds beyond the friction round and the last step round, each
 
 
 @dataclass(frozen=True)
@@ -169,7 +186,8 @@ class Adapt:
             ``None``: rank them by the chains alone (the Stein estimate of the KL of the
             chains' Gaussian fit, :func:`stein_kl`; see :mod:`metasampler.adapt`).
         friction: also choose the friction of samplers that have one (SGHMC's ``friction``,
-            SGNHT's ``diffusion``): one round at the chosen step with 1/2, 1 and 2 times it.
+            SGNHT's ``diffusion``): a round at the chosen step with 1/2, 1 and 2 times it, and
+            rounds further out while an end of the last one is clearly best.
         span: the first round tries steps from ``start / span`` to ``start * span``
             (factor 4 apart; at least 16).
         max_validation: score on at most this many held-out examples (a fixed random subset).
@@ -708,7 +726,7 @@ class _HeatStats:
 
 
 # -- the search ------------------------------------------------------------------------------
-@dataclass
+@dataclass(eq=False)
 class _Group:
     eta: float
     friction: float | None
@@ -742,6 +760,7 @@ class _Search:
     bracket_minimum: int  # chains per bracket group, at least
     trials: list[Trial] = field(default_factory=list)
     rounds: int = 0
+    extra: int = 0  # chain-steps beyond a plain run's so far
 
     def configured(self, friction: float | None) -> Sampler:
         """The sampler with ``friction`` set (a shallow copy), or the sampler itself."""
@@ -867,6 +886,7 @@ class _Search:
                 )  # fmt: skip
             )
         self.rounds += 1
+        self.extra += (len(settings) - 1) * len(trial) * length
         step = state.step + length
         best = _best(groups)
         if kind == "bracket":  # a probe of the scale: steps far off can damage the chains
@@ -986,6 +1006,12 @@ def _budget(
     return minimum, scale
 
 
+def _min_settle(burn_in: int) -> int:
+    """The fewest burn-in steps every chain runs at the chosen kernel after the rounds that
+    move (an eighth of the burn-in)."""
+    return burn_in // 8
+
+
 def _bracket_share(burn_in: int) -> float:
     """The bracket round's share of the burn-in, in steps, at full length (an eighth; the
     rounds after it share what its whole steps leave)."""
@@ -1018,14 +1044,14 @@ def _best(groups: list[_Group]) -> _Group | None:
     return min(candidates, key=lambda g: g.score) if candidates else None
 
 
-def _choose(groups: list[_Group], attr: str) -> tuple[float, bool] | None:
+def _choose(groups: list[_Group], attr: str, reach: int | None = None) -> tuple[float, bool] | None:
     """A round's choice of ``attr`` (``"eta"`` or ``"friction"``): the geometric mean over
-    the best group and its neighbours (in ``attr``) whose score is within noise of the best
-    (the difference at most ``sqrt(2)`` of its jackknife standard error: the groups ran the
-    same chains with the same random numbers, so the difference is measured better than
-    either score), so that a choice between groups the criterion cannot tell apart does not
-    drift with its noise; and whether the best group sits at an end of the round's values.
-    ``None`` when every group diverged."""
+    the best group and its neighbours (in ``attr``; at most ``reach`` on each side) whose
+    score is within noise of the best (the difference at most ``sqrt(2)`` of its jackknife
+    standard error: the groups ran the same chains with the same random numbers, so the
+    difference is measured better than either score), so that a choice between groups the
+    criterion cannot tell apart does not drift with its noise; and whether the best group
+    sits at an end of the round's values. ``None`` when every group diverged."""
     best = _best(groups)
     if best is None:
         return None
@@ -1039,11 +1065,12 @@ def _choose(groups: list[_Group], attr: str) -> tuple[float, bool] | None:
         paired = [a - b for a, b in zip(g.leave_out, best.leave_out, strict=False)]
         return g.score - best.score <= math.sqrt(2.0) * _jackknife_se(paired)
 
+    reach = len(ordered) if reach is None else reach
     low = i
-    while low > 0 and tied(ordered[low - 1]):
+    while low > max(0, i - reach) and tied(ordered[low - 1]):
         low -= 1
     high = i
-    while high < len(ordered) - 1 and tied(ordered[high + 1]):
+    while high < min(len(ordered) - 1, i + reach) and tied(ordered[high + 1]):
         high += 1
     values = [math.log(getattr(g, attr)) for g in ordered[low : high + 1]]
     return math.exp(sum(values) / len(values)), i in (0, len(ordered) - 1)
@@ -1071,17 +1098,58 @@ def _hotter(group: _Group | None, than: _Group | None) -> bool:
     return group.heat > than.heat
 
 
-def _chosen_friction(groups: list[_Group], friction: float) -> float:
-    """The friction round's choice: the sampler's ``friction`` stays unless another is
-    clearly better (:func:`_clearly_worse_than_best`), and a lower one must not bring more
-    heat (:func:`_hotter`)."""
-    kept = next((g for g in groups if g.friction == friction), None)
-    chosen = _choose(groups, "friction")
-    if chosen is None or not _clearly_worse_than_best(kept, groups):
-        return friction
-    if chosen[0] < friction and _hotter(_best(groups), kept):
-        return friction
+def _alone_at_end(groups: list[_Group], attr: str, value: float) -> bool:
+    """Whether ``value`` is the best group's ``attr`` (no neighbour tied with it) and that
+    group sits at an end of the round's values: the optimum may lie beyond it."""
+    best = _best(groups)
+    if best is None or not math.isclose(getattr(best, attr), value, rel_tol=1e-9):
+        return False
+    values = [getattr(g, attr) for g in groups]
+    return getattr(best, attr) in (min(values), max(values))
+
+
+def _at_end(groups: list[_Group]) -> bool:
+    """Whether the round's best step is its smallest or largest (or every group diverged)."""
+    best = _best(groups)
+    if best is None:
+        return True
+    return best.eta in (min(g.eta for g in groups), max(g.eta for g in groups))
+
+
+def _direction(groups: list[_Group], chosen: float, centre: float) -> int:
+    """``+1`` (``-1``) where the round chose its largest (smallest) step alone and it lies
+    above (below) ``centre``: the best step may lie further out; else ``0``."""
+    if chosen == centre or not _alone_at_end(groups, "eta", chosen):
+        return 0
+    return 1 if chosen > centre else -1
+
+
+def _outward(direction: int, factor: float) -> tuple[float, float, float]:
+    """A round's factors from an end outward: the end and two steps beyond it."""
+    return tuple(factor ** (direction * j) for j in range(3))
+
+
+def _kept_unless_clearly_worse(groups: list[_Group], attr: str, kept: float) -> float:
+    """``kept`` (a value the round tried) unless its group is clearly worse than the round's
+    best (:func:`_clearly_worse_than_best`), then the round's choice (:func:`_choose`)."""
+    group = next((g for g in groups if getattr(g, attr) == kept), None)
+    chosen = _choose(groups, attr)
+    if chosen is None:
+        return kept
+    if group in _candidates(groups) and not _clearly_worse_than_best(group, groups):
+        return kept
     return chosen[0]
+
+
+def _chosen_friction(groups: list[_Group], friction: float) -> float:
+    """A friction round's choice: ``friction`` stays unless another is clearly better
+    (:func:`_kept_unless_clearly_worse`), and a lower one must not bring more heat
+    (:func:`_hotter`)."""
+    chosen = _kept_unless_clearly_worse(groups, "friction", friction)
+    kept = next((g for g in groups if g.friction == friction), None)
+    if chosen < friction and _hotter(_best(groups), kept):
+        return friction
+    return chosen
 
 
 def _friction_ok(sampler: Sampler, name: str, value: float) -> bool:
@@ -1139,6 +1207,7 @@ def adapt_burn_in(
     start_eta = float(state.eta)
     friction = start_friction
     used = 0
+    budget = config.extra_cost * n_chains * (burn_in + max(1, kept_steps))
 
     # 1. bracket, moved while the best is at an end
     bracket_len = max(1, int(scaled * _bracket_share(burn_in)))
@@ -1180,24 +1249,69 @@ def adapt_burn_in(
     )
     last_groups: list[_Group] = []
 
-    def step_round(eta: float, factors: Sequence[float], length: int) -> tuple[float, bool]:
+    def step_round(centre: float, factors: Sequence[float], length: int, outward: bool) -> float:
+        """A round at ``centre * factors``; its choice, the best and its ties
+        (:func:`_choose`): where the round goes outward from an end an earlier round chose
+        (``centre``), only the best's next neighbours, so that a flat stretch of scores
+        does not carry the choice away from the step an earlier round preferred."""
         nonlocal state, used, last_groups
-        settings = [(eta * f, friction) for f in factors]
-        state, groups = search.run_round(state, settings, length, "step", (eta, friction))
+        settings = [(centre * f, friction) for f in factors]
+        state, last_groups = search.run_round(state, settings, length, "step", (centre, friction))
         used += length
-        last_groups = groups
-        chosen = _choose(groups, "eta")
-        return chosen if chosen is not None else (eta * min(factors), True)
+        chosen = _choose(last_groups, "eta", reach=1 if outward else None)
+        return centre * min(factors) if chosen is None else chosen[0]  # None: all diverged
 
-    eta, at_end = step_round(eta, [0.5, 1.0, 2.0], step_len)
+    def room(length: int) -> int:
+        """The length (at most ``length``) of one more three-group round that keeps the
+        extra chain-steps within the budget and the settle phase at least
+        :func:`_min_settle`; 0 where it would be shorter than a sixteenth of the burn-in."""
+        steps_left = burn_in - used - _min_settle(burn_in)
+        cost_left = (budget - search.extra) // (2 * _trial_size(n_chains, 3, _MIN_TRIAL_CHAINS))
+        length = min(length, steps_left, int(cost_left))
+        return length if length >= max(1, burn_in // 16) else 0
+
+    def friction_rounds(friction: float, length: int) -> tuple[float, bool]:
+        """Round 3 at ``friction * (1/2, 1, 2)``, then, while the choice is an end of its
+        round, alone, and a move fits the budget, a round further out (``end * (1, 2, 4)``
+        or ``end * (1/4, 1/2, 1)``, the end kept unless another is clearly better).
+        Returns the friction and whether it moved."""
+        nonlocal state, used
+        factors, start, moves = (0.5, 1.0, 2.0), friction, 0
+        while True:
+            settings = [(eta, friction * f) for f in factors]
+            settings = [(e, f) for e, f in settings if _friction_ok(sampler, name, f)]
+            state, groups = search.run_round(state, settings, length, "friction", (eta, friction))
+            used += length
+            chosen = _chosen_friction(groups, friction)
+            length = room(length // 2)
+            move_on = chosen != friction and _alone_at_end(groups, "friction", chosen)
+            factors = (1.0, 2.0, 4.0) if chosen > friction else (0.25, 0.5, 1.0)
+            friction = chosen
+            if not move_on or moves == _MAX_MOVES or length == 0:
+                return friction, friction != start
+            moves += 1
+
+    # 2. the step around the bracket's choice
+    centre = eta
+    eta = step_round(centre, (0.5, 1.0, 2.0), step_len, outward=False)
+    at_end, direction = _at_end(last_groups), _direction(last_groups, eta, centre)
+    # 3. the friction at that step
+    moved = False
     if adapt_friction:
-        options = [f * friction for f in (0.5, 1.0, 2.0)]
-        settings = [(eta, f) for f in options if _friction_ok(sampler, name, f)]
-        state, groups = search.run_round(state, settings, friction_len, "friction", (eta, friction))
-        used += friction_len
-        friction = _chosen_friction(groups, friction)
-    factor = 2.0 if at_end else math.sqrt(2.0)
-    eta, _ = step_round(eta, [1.0 / factor, 1.0, factor], last_len)
+        friction, moved = friction_rounds(friction, friction_len)
+    # 4. the step again: outward from an end the last step round chose alone (the end and two
+    # steps beyond it), else around the choice; then, while the choice is the far end, alone,
+    # further out, budget permitting
+    factor = 2.0 if at_end or moved else math.sqrt(2.0)
+    outward, length = direction != 0 and not moved, last_len
+    for _ in range(_MAX_MOVES + 1):
+        factors = _outward(direction, factor) if outward else (1.0 / factor, 1.0, factor)
+        centre = eta
+        eta = step_round(centre, factors, length, outward)
+        direction, length = _direction(last_groups, eta, centre), room(last_len // 2)
+        if direction == 0 or length == 0:
+            break
+        outward = True
 
     # 5. settle: every chain at the chosen kernel
     if scale != 1.0:  # a schedule's base step, its peak no larger than a step found as good

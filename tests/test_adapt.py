@@ -10,6 +10,7 @@ import torch
 
 import metasampler as ms
 from metasampler.adapt import Adapt, stein_kl
+from tasks.linear_regression import linear_regression
 
 D = 4
 
@@ -148,6 +149,34 @@ def test_the_validation_criterion_picks_a_sensible_step_for_a_logistic_regressio
     assert result.adapted.criterion == "validation"
     assert 2e-4 < result.adapted.eta < 0.02
     assert _validation_nll(model, result, xv, yv) < reference[1e-3] + 0.01
+
+
+def _regression_kl(sampler: ms.samplers.Sampler, adapt: bool = False) -> float:
+    task = linear_regression()  # an ordinary model with an exact Gaussian posterior
+    result = ms.sample(
+        sampler, task.model, 16, 3000, burn_in=1000, seed=0, progress=False, adapt=adapt
+    )
+    return _kl(result, task.mean, task.cov)
+
+
+def test_a_linear_regression_adapts_from_starts_100x_off_to_near_the_grid_s_best():
+    """SGLD and SGHMC on an ordinary regression model, from steps 100x too small and too
+    large: the search moves past the end of its last step (and friction) round where the
+    best sits there, and ends near the KL the best of a grid reaches from the start."""
+    sgld_grid = [5e-6, 1e-5, 2e-5, 4e-5]
+    sgld = {eta: _regression_kl(ms.samplers.SGLD(eta=eta)) for eta in sgld_grid}
+    assert min(sgld, key=sgld.get) not in (sgld_grid[0], sgld_grid[-1])
+    for start in (1e-7, 1e-3):
+        assert _regression_kl(ms.samplers.SGLD(eta=start), adapt=True) < 2 * min(sgld.values())
+    # SGHMC from a friction 4 to 10 times below the grid's best: the friction round moves on
+    sghmc = [
+        _regression_kl(ms.samplers.SGHMC(eta=eta, friction=friction))
+        for eta in (3e-4, 1e-3, 3e-3)
+        for friction in (30.0, 100.0, 300.0)
+    ]
+    for start in (3e-5, 0.3):
+        adapted = _regression_kl(ms.samplers.SGHMC(eta=start, friction=30.0), adapt=True)
+        assert adapted < 2 * min(sghmc)
 
 
 def test_stein_kl_is_the_gaussian_kl_to_second_order():

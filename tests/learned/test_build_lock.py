@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -196,6 +197,7 @@ def test_a_forked_child_waits_for_its_parents_build_without_a_warning(cache, mon
     started: list = []
     monkeypatch.setattr(aot, "_start", stand_in_start(started))
     assert aot._runner(Spec(), wait=False) is None and len(aot._BUILDS) == 1
+    why = cache / "child_failure.txt"
     pid = os.fork()
     if pid == 0:  # the child: report through the exit status, never return into pytest
         status = 1
@@ -209,13 +211,15 @@ def test_a_forked_child_waits_for_its_parents_build_without_a_warning(cache, mon
                     time.sleep(0.02)
                 assert aot._RUNNERS[KEY]() == "compiled" and len(started) == 1
                 status = 0
+        except BaseException as err:  # what failed, for the parent's assertion message
+            why.write_text(f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
         finally:
             os._exit(status)
     time.sleep(0.3)
     (cache / "go").write_text("ok")
     aot._BUILDS[KEY].wait()
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.waitstatus_to_exitcode(status) == 0, why.read_text() if why.exists() else ""
     assert aot._runner(Spec(), wait=False)() == "compiled"
 
 

@@ -17,6 +17,7 @@ from scipy.special import logsumexp
 
 import tasks
 from metasampler import EnergyTarget
+from tasks.linear_regression import linear_regression
 from tasks.toy import (
     BananaTask,
     DoubleWell,
@@ -477,3 +478,14 @@ def test_a_rotated_gaussian_keeps_its_spectrum_mean_and_energy_constant():
     assert rotated.energy_offset == diagonal.energy_offset != 0.0
     assert torch.equal(diagonal.rotated(seed=7).cov, rotated.cov)
     assert not torch.equal(diagonal.rotated(seed=8).cov, rotated.cov)
+
+
+def test_the_linear_regression_s_posterior_is_the_exact_one():
+    """The stated moments are the posterior of the model's energy: its gradient vanishes at
+    the mean and its Hessian is the inverse covariance."""
+    task = linear_regression(n=200, scales=(1.0, 2.0), seed=3)
+    model = task.model
+    mean = task.mean.float().unsqueeze(0)
+    assert model.full_grad(mean).abs().max() < 1e-2 * model.full_grad(mean + 0.1).abs().max()
+    hessian = torch.func.hessian(lambda t: model.energy(t.unsqueeze(0)).sum())(task.mean.float())
+    torch.testing.assert_close(hessian.double(), torch.linalg.inv(task.cov), rtol=1e-3, atol=1e-3)
