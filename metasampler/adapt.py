@@ -20,23 +20,25 @@ step; a criterion ranks them and the search narrows on a log grid:
    the bracket's coarser one: a step too large would pull the friction up, and the step
    with it. Where the choice is an end of the round, alone (no other group within noise of
    it), the optimum may lie beyond: the next round tries that end and 2 and 4 times further
-   out, keeping the end unless another is clearly better (**Moves**, below).
+   out (a further one 4 and 16 times, ...), keeping the end unless another is clearly
+   better (**Moves**, below).
 4. **Step again** (3/10): three groups at ``best / f``, ``best``, ``best * f`` with
    ``f = sqrt(2)`` (2 where round 2's best was at its end or the friction moved); where
    round 2 chose an end alone, the groups go outward from it instead (``best * f**j``,
    ``j = 0, 1, 2``, or the same below), and the choice's ties reach only the best's next
    neighbours (a flat stretch of scores does not carry it away from the step round 2
    preferred). While the choice is the far end, alone, rounds move on further out in the
-   same way.
+   same way, each with twice the factor of the one before.
 5. **Settle** (the rest, at least an eighth of the burn-in): every chain at the chosen step
    and friction.
 
 **Moves.** A search that starts far off (a step 100x too small, a cold start far from the
 posterior, a friction ten times too low) spends its first rounds in the chains' transient,
 where the largest stable step looks best; the rounds after it then find the optimum below
-the end of their values. Rounds that move on from an end, each half the length of the round
-it continues, at most three per parameter, fetch it, as long as the budget (**Cost**) and
-the settle phase's eighth of the burn-in leave room for them.
+the end of their values. Rounds that move on from an end fetch it: each half the length of
+the round it continues and reaching twice as far as the one before (an expanding search, as
+a line search brackets its minimum), at most three per parameter, as long as the budget
+(**Cost**) and the settle phase's eighth of the burn-in leave room for them.
 
 Where the rounds' shares of the burn-in would cost more than ``Adapt.extra_cost`` (0.6) of a
 plain run's chain-steps (short runs with a long burn-in and few chains), the bracket's groups
@@ -1273,8 +1275,8 @@ def adapt_burn_in(
     def friction_rounds(friction: float, length: int) -> tuple[float, bool]:
         """Round 3 at ``friction * (1/2, 1, 2)``, then, while the choice is an end of its
         round, alone, and a move fits the budget, a round further out (``end * (1, 2, 4)``
-        or ``end * (1/4, 1/2, 1)``, the end kept unless another is clearly better).
-        Returns the friction and whether it moved."""
+        or ``end * (1/4, 1/2, 1)``, then ``end * (1, 4, 16)`` and so on; the end kept
+        unless another is clearly better). Returns the friction and whether it moved."""
         nonlocal state, used
         factors, start, moves = (0.5, 1.0, 2.0), friction, 0
         while True:
@@ -1285,7 +1287,8 @@ def adapt_burn_in(
             chosen = _chosen_friction(groups, friction)
             length = room(length // 2)
             move_on = chosen != friction and _alone_at_end(groups, "friction", chosen)
-            factors = (1.0, 2.0, 4.0) if chosen > friction else (0.25, 0.5, 1.0)
+            spread = 2.0 ** (moves + 1)  # each move reaches twice as far as the one before
+            factors = _outward(1 if chosen > friction else -1, spread)
             friction = chosen
             if not move_on or moves == _MAX_MOVES or length == 0:
                 return friction, friction != start
@@ -1311,6 +1314,7 @@ def adapt_burn_in(
         direction, length = _direction(last_groups, eta, centre), room(last_len // 2)
         if direction == 0 or length == 0:
             break
+        factor = factor * 2.0 if outward else factor  # each move twice as far as the last
         outward = True
 
     # 5. settle: every chain at the chosen kernel
