@@ -1100,30 +1100,19 @@ def _hotter(group: _Group | None, than: _Group | None) -> bool:
     return group.heat > than.heat
 
 
-def _alone_at_end(groups: list[_Group], attr: str, value: float) -> bool:
-    """Whether ``value`` is the best group's ``attr`` (no neighbour tied with it) and that
-    group sits at an end of the round's values: the optimum may lie beyond it."""
+def _direction(groups: list[_Group], attr: str, chosen: float, reference: float) -> int:
+    """``+1`` (``-1``) where the round chose, alone (no neighbour tied with it), its largest
+    (smallest) ``attr`` and it lies above (below) ``reference``: the optimum may lie further
+    out; else ``0``."""
     best = _best(groups)
-    if best is None or not math.isclose(getattr(best, attr), value, rel_tol=1e-9):
-        return False
-    values = [getattr(g, attr) for g in groups]
-    return getattr(best, attr) in (min(values), max(values))
-
-
-def _at_end(groups: list[_Group]) -> bool:
-    """Whether the round's best step is its smallest or largest (or every group diverged)."""
-    best = _best(groups)
-    if best is None:
-        return True
-    return best.eta in (min(g.eta for g in groups), max(g.eta for g in groups))
-
-
-def _direction(groups: list[_Group], chosen: float, centre: float) -> int:
-    """``+1`` (``-1``) where the round chose its largest (smallest) step alone and it lies
-    above (below) ``centre``: the best step may lie further out; else ``0``."""
-    if chosen == centre or not _alone_at_end(groups, "eta", chosen):
+    if best is None or chosen == reference:
         return 0
-    return 1 if chosen > centre else -1
+    value = getattr(best, attr)
+    if not math.isclose(value, chosen, rel_tol=1e-9):
+        return 0  # the choice averages tied groups, or is not the best's
+    if value not in (min(getattr(g, attr) for g in groups), max(getattr(g, attr) for g in groups)):
+        return 0
+    return 1 if chosen > reference else -1
 
 
 def _outward(direction: int, factor: float) -> tuple[float, float, float]:
@@ -1131,27 +1120,19 @@ def _outward(direction: int, factor: float) -> tuple[float, float, float]:
     return tuple(factor ** (direction * j) for j in range(3))
 
 
-def _kept_unless_clearly_worse(groups: list[_Group], attr: str, kept: float) -> float:
-    """``kept`` (a value the round tried) unless its group is clearly worse than the round's
-    best (:func:`_clearly_worse_than_best`), then the round's choice (:func:`_choose`)."""
-    group = next((g for g in groups if getattr(g, attr) == kept), None)
-    chosen = _choose(groups, attr)
-    if chosen is None:
-        return kept
-    if group in _candidates(groups) and not _clearly_worse_than_best(group, groups):
-        return kept
-    return chosen[0]
-
-
 def _chosen_friction(groups: list[_Group], friction: float) -> float:
-    """A friction round's choice: ``friction`` stays unless another is clearly better
-    (:func:`_kept_unless_clearly_worse`), and a lower one must not bring more heat
-    (:func:`_hotter`)."""
-    chosen = _kept_unless_clearly_worse(groups, "friction", friction)
+    """A friction round's choice: ``friction`` stays unless its group is clearly worse than
+    the round's best (:func:`_clearly_worse_than_best`) or fails the kinetic rule
+    (:func:`_candidates`), and a lower one must not bring more heat (:func:`_hotter`)."""
     kept = next((g for g in groups if g.friction == friction), None)
-    if chosen < friction and _hotter(_best(groups), kept):
+    chosen = _choose(groups, "friction")
+    if chosen is None:
         return friction
-    return chosen
+    if kept in _candidates(groups) and not _clearly_worse_than_best(kept, groups):
+        return friction
+    if chosen[0] < friction and _hotter(_best(groups), kept):
+        return friction
+    return chosen[0]
 
 
 def _friction_ok(sampler: Sampler, name: str, value: float) -> bool:
@@ -1251,17 +1232,20 @@ def adapt_burn_in(
     )
     last_groups: list[_Group] = []
 
-    def step_round(centre: float, factors: Sequence[float], length: int, outward: bool) -> float:
+    def step_round(
+        centre: float, factors: Sequence[float], length: int, outward: bool
+    ) -> tuple[float, bool]:
         """A round at ``centre * factors``; its choice, the best and its ties
         (:func:`_choose`): where the round goes outward from an end an earlier round chose
         (``centre``), only the best's next neighbours, so that a flat stretch of scores
-        does not carry the choice away from the step an earlier round preferred."""
+        does not carry the choice away from the step an earlier round preferred; and
+        whether the best sits at an end of the round."""
         nonlocal state, used, last_groups
         settings = [(centre * f, friction) for f in factors]
         state, last_groups = search.run_round(state, settings, length, "step", (centre, friction))
         used += length
         chosen = _choose(last_groups, "eta", reach=1 if outward else None)
-        return centre * min(factors) if chosen is None else chosen[0]  # None: all diverged
+        return (centre * min(factors), True) if chosen is None else chosen  # None: all diverged
 
     def room(length: int) -> int:
         """The length (at most ``length``) of one more three-group round that keeps the
@@ -1286,18 +1270,17 @@ def adapt_burn_in(
             used += length
             chosen = _chosen_friction(groups, friction)
             length = room(length // 2)
-            move_on = chosen != friction and _alone_at_end(groups, "friction", chosen)
-            spread = 2.0 ** (moves + 1)  # each move reaches twice as far as the one before
-            factors = _outward(1 if chosen > friction else -1, spread)
+            direction = _direction(groups, "friction", chosen, friction)
             friction = chosen
-            if not move_on or moves == _MAX_MOVES or length == 0:
+            if direction == 0 or moves == _MAX_MOVES or length == 0:
                 return friction, friction != start
             moves += 1
+            factors = _outward(direction, 2.0**moves)  # each move twice as far as the last
 
     # 2. the step around the bracket's choice
     centre = eta
-    eta = step_round(centre, (0.5, 1.0, 2.0), step_len, outward=False)
-    at_end, direction = _at_end(last_groups), _direction(last_groups, eta, centre)
+    eta, at_end = step_round(centre, (0.5, 1.0, 2.0), step_len, outward=False)
+    direction = _direction(last_groups, "eta", eta, centre)
     # 3. the friction at that step
     moved = False
     if adapt_friction:
@@ -1310,8 +1293,8 @@ def adapt_burn_in(
     for _ in range(_MAX_MOVES + 1):
         factors = _outward(direction, factor) if outward else (1.0 / factor, 1.0, factor)
         centre = eta
-        eta = step_round(centre, factors, length, outward)
-        direction, length = _direction(last_groups, eta, centre), room(last_len // 2)
+        eta, _ = step_round(centre, factors, length, outward)
+        direction, length = _direction(last_groups, "eta", eta, centre), room(last_len // 2)
         if direction == 0 or length == 0:
             break
         factor = factor * 2.0 if outward else factor  # each move twice as far as the last

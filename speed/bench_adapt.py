@@ -25,7 +25,7 @@ and a five-point grid (a smoke run). Prints a markdown table (``--out FILE`` als
 
 Usage, from the repository root::
 
-    .venv/bin/python -m speed.bench_adapt                       # about 20 minutes on one core
+    .venv/bin/python -m speed.bench_adapt                       # about 15 minutes on one core
     .venv/bin/python -m speed.bench_adapt --target regression   # about 10 minutes
     .venv/bin/python -m speed.bench_adapt --quick
 """
@@ -112,7 +112,7 @@ def _toy(quick: bool) -> _Target:
 
     n_steps, burn_in = (3000, 500) if quick else (12_000, 2000)
     return _Target(
-        f"Toy test Gaussian (20-D, gradient noise N({0}, {GRAD_NOISE_STD:g}))",
+        f"Toy test Gaussian (20-D, gradient noise N(0, {GRAD_NOISE_STD:g}))",
         task.target(grad_noise_std=GRAD_NOISE_STD), init, task.mean, task.cov, n_chains,
         n_steps, burn_in, SAMPLERS,
     )  # fmt: skip

@@ -5,7 +5,7 @@ against the truth.
 ``y = x w + b + noise``, ``noise ~ N(0, noise_std^2)``, prior ``N(0, prior_std^2 I)`` on
 ``(w, b)``. With the design ``X = [x, 1]`` the posterior is Gaussian with precision
 ``X^T X / noise_std^2 + I / prior_std^2`` and mean ``Sigma X^T y / noise_std^2`` (Bishop 2006,
-§3.3). The default inputs have scales 1, 3 and 0.3, so the posterior's standard deviations
+section 3.3). The default inputs have scales 1, 3 and 0.3, so the posterior's standard deviations
 span a factor of ten and its stiffest direction is stiff for a minibatch sampler.
 """
 
