@@ -17,7 +17,7 @@ from .posterior import to_inference_data
 from .samplers.base import Sampler, SamplerState, check_finite
 from .targets import Target, check_positions
 
-__all__ = ["SampleResult", "sample", "make_generator"]
+__all__ = ["SampleResult", "sample", "make_generator", "warmup_restarts"]
 
 
 @dataclass
@@ -143,8 +143,11 @@ def sample(
         n_steps: number of steps per chain.
         init: ``(K, D)`` start positions, a function ``generator -> (K, D)``, a state from an
             earlier run (to continue it), or ``None`` for ``N(0, I)`` starts.
-        burn_in: steps discarded before the first kept sample: the warm-up, after which the
-            sampler fixes what it adapts (e.g. NNSGHMC's stiffness statistic).
+        burn_in: steps discarded before the first kept sample: the warm-up, which restarts
+            what the sampler accumulates from the start at steps 50, 100, 200, ... up to half
+            of it (e.g.
+            NNSGHMC's thermostat: :func:`warmup_restarts`) and after which the sampler fixes
+            what it adapts (e.g. NNSGHMC's stiffness statistic).
         thin: keep every ``thin``-th step after burn-in.
         seed: seeds the one generator that drives initialisation, noise and minibatches.
         progress: show a progress bar.
@@ -253,6 +256,22 @@ def _initial_state(
     return sampler.init(theta, target, generator)
 
 
+#: The first warm-up restart's step; later ones double it.
+FIRST_RESTART = 50
+
+
+def warmup_restarts(burn_in: int) -> list[int]:
+    """The warm-up's restart steps, counted from its start: 50, 100, 200, ... up to half the
+    warm-up (:meth:`Sampler.restart_warmup`). Doubling windows, as Stan's warm-up: the
+    chains' transient is forgotten early, and the last window, at least as long as all before
+    it, settles the state the kept run starts from."""
+    restarts, step = [], FIRST_RESTART
+    while 2 * step <= burn_in:
+        restarts.append(step)
+        step *= 2
+    return restarts
+
+
 def _kept_steps(sampler: Sampler, start: int, n_steps: int, burn_in: int, thin: int) -> list[int]:
     """The (absolute, 1-based) steps after ``start`` whose samples are kept: after burn-in,
     every ``thin``-th, and only where the sampler's schedule collects."""
@@ -276,14 +295,19 @@ def _run_chains(
 ) -> tuple[SamplerState, Tensor, Tensor]:
     """Take ``n_steps`` steps from ``state``, stopping on a non-finite position; returns the
     final state and the ``(S, K, D)`` positions and ``(S, K)`` energies at ``kept_steps``.
-    ``advance(1)`` is called after each step (the progress bar); after step ``warmup_end``
-    the sampler fixes what it adapted (:meth:`~metasampler.samplers.base.Sampler.end_warmup`)."""
+    ``advance(1)`` is called after each step (the progress bar); the warm-up before step
+    ``warmup_end`` restarts at :func:`warmup_restarts`
+    (:meth:`~metasampler.samplers.base.Sampler.restart_warmup`), and after it the sampler
+    fixes what it adapted (:meth:`~metasampler.samplers.base.Sampler.end_warmup`)."""
     K, D = state.theta.shape
     thetas = torch.empty(
         (len(kept_steps), K, D), dtype=state.theta.dtype, device=state.theta.device
     )
     energies = torch.empty((len(kept_steps), K), dtype=state.theta.dtype, device=state.theta.device)
     kept = set(kept_steps)
+    restarts = set()
+    if warmup_end is not None:
+        restarts = {state.step + r for r in warmup_restarts(warmup_end - state.step)}
     slot = 0
     # Sampling never builds a graph through the chain, even for a sampler with trainable nets
     # (meta-training unrolls its own windows); targets enable grad locally for grad U.
@@ -293,6 +317,8 @@ def _run_chains(
             check_finite(state.step, position=state.theta)
             if state.step == warmup_end:
                 state = sampler.end_warmup(state)
+            elif state.step in restarts:
+                state = sampler.restart_warmup(state)
             if state.step in kept:
                 thetas[slot] = state.theta.detach()
                 energies[slot] = state.energy.detach()

@@ -296,6 +296,19 @@ class NNSGHMC(nn.Module, Sampler):
             state.energy, state.grad,
         )  # fmt: skip
 
+    def restart_warmup(self, state: SamplerState) -> SamplerState:
+        """The thermostat ``xi`` back at 0, its start. From a start far from the posterior the
+        thermostat takes up the transient's heat and drains it by at most ``eta T`` per step,
+        overdamping the chains meanwhile; a restart in the warm-up lets them reach the
+        posterior at the friction it needs there (as Stan's warm-up restarts its metric's
+        estimate in doubling windows)."""
+        if not self.thermostat or "xi" not in state.extras:
+            return state
+        extras = {**state.extras, "xi": torch.zeros_like(state.extras["xi"])}
+        return SamplerState(
+            state.theta, state.momentum, extras, state.step, state.eta, state.energy, state.grad
+        )
+
     def _thermostat_state(self, p: Tensor, extras: Mapping[str, Tensor]) -> Tensor | None:
         """The chains' thermostat ``xi`` (0 at first); ``None`` without a thermostat."""
         if not self.thermostat:

@@ -198,6 +198,14 @@ class Sampler:
         calls it after ``burn_in`` steps). The base class adapts nothing: ``state`` as is."""
         return state
 
+    def restart_warmup(self, state: SamplerState) -> SamplerState:
+        """The state at a restart of the warm-up (:func:`~metasampler.sample` calls it at the
+        warm-up's restart steps, :func:`~metasampler.sampling.warmup_restarts`): what the
+        sampler accumulates from the chains' start and forgets only slowly, set back to its
+        initial value. The burn-in's samples are discarded, so a restart changes no kept
+        sample's kernel. The base class accumulates nothing: ``state`` as is."""
+        return state
+
     def collects(self, k: int) -> bool:
         """Whether the sample after step ``k`` (1-based) belongs to a sampling stage."""
         return not self.schedule(k).explore
