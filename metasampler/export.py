@@ -138,10 +138,11 @@ def read_header(path: PathLike) -> dict:
     :func:`load_sampler` does.
 
     Raises:
+        TypeError: ``path`` is not a path (e.g. a loaded sampler or ``None``).
         FileNotFoundError: no file at ``path``.
         SamplerFileError: not a safetensors file, or not a metasampler sampler.
     """
-    return read_raw_header(Path(path))
+    return read_raw_header(_checked_path(path, "read_header"))
 
 
 def training_config(path_or_name: PathLike) -> DictConfig:
@@ -149,11 +150,15 @@ def training_config(path_or_name: PathLike) -> DictConfig:
     stored in its header's provenance; an empty config for a file that stores none.
 
     Raises:
-        FileNotFoundError, SamplerFileError: as :func:`read_header`.
+        TypeError, FileNotFoundError, SamplerFileError: as :func:`read_header`.
     """
     from omegaconf import OmegaConf
 
-    text = read_header(_sampler_file(path_or_name)).get("provenance", {}).get("config")
+    text = (
+        read_header(_sampler_file(path_or_name, "training_config"))
+        .get("provenance", {})
+        .get("config")
+    )
     return OmegaConf.create(text or "{}")  # the run's config, as YAML text
 
 
@@ -166,10 +171,21 @@ def pretrained_samplers() -> dict[str, str]:
     return {name: index.get(name, "(no description)") for name in names}
 
 
-def _sampler_file(path_or_name: PathLike) -> Path:
+def _checked_path(value: object, caller: str) -> Path:
+    """``value`` as a path; a ``TypeError`` naming ``caller`` for anything else (a loaded
+    sampler, ``None``), not one from deep inside ``pathlib``."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{caller}: expected a sampler file's path or a shipped sampler's name (str or "
+            f"os.PathLike), got {type(value).__name__} {value!r:.80}"
+        )
+    return Path(value)
+
+
+def _sampler_file(path_or_name: PathLike, caller: str) -> Path:
     """``path_or_name`` itself if it is a path; a bare name (no suffix, no folder) that is not
     an existing file means the shipped sampler of that name."""
-    path = Path(path_or_name)
+    path = _checked_path(path_or_name, caller)
     if path.exists() or path.suffix or len(path.parts) != 1:
         return path
     shipped = PRETRAINED_DIR / f"{path.name}.safetensors"
@@ -221,16 +237,12 @@ def load_sampler(
         DeviceError: ``device`` is not a device name or not available here (a ``ValueError``).
         ValueError: bad arguments, or no ``eta`` / ``lr`` given and none stored.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
-            "load_sampler: path must be a sampler file path or a shipped sampler's name "
-            f"(str or os.PathLike), got {type(path).__name__} {path!r}"
-        )
+    _checked_path(path, "load_sampler")
     # Arguments first, so that any error the constructor raises below is the file's.
     device = check_device(device) or torch.device("cpu")
     _check_load_args(eta, lr, gamma, temperature, dtype)
 
-    path = _sampler_file(path)
+    path = _sampler_file(path, "load_sampler")
     file = read_sampler_file(path, READABLE_VERSIONS, FORMAT_VERSION)
     header = file.header
     training = header["training"]

@@ -74,7 +74,23 @@ def test_sample_and_load_sampler_check_the_device_first():
 
 
 def test_load_sampler_of_none_is_a_type_error_naming_the_argument():
-    with pytest.raises(TypeError, match=r"load_sampler: path must be .* got NoneType None"):
+    with pytest.raises(
+        TypeError, match=r"load_sampler: expected a sampler file's path .* got NoneType None"
+    ):
         ms.load_sampler(None)
     with pytest.raises(TypeError, match=r"got int 3"):
         ms.load_sampler(3, device="bogus")  # (the path is checked before anything else)
+
+
+def test_the_file_readers_given_a_loaded_sampler_say_they_need_its_path():
+    from metasampler.export import read_header, training_config
+    from metasampler.learned.ablation import stored_net_means
+
+    loaded = ms.load_sampler("toy_gaussian")
+    for reader in (read_header, training_config, stored_net_means):
+        name = reader.__name__
+        with pytest.raises(
+            TypeError, match=rf"^{name}: expected a sampler file's path .* got NNSGHMC"
+        ):
+            reader(loaded)
+    assert stored_net_means("toy_gaussian").keys() >= {"q", "f_d"}  # a name still works

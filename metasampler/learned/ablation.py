@@ -83,11 +83,12 @@ def stored_net_means(path: str | Path) -> dict[str, float]:
     ``path`` may name a shipped sampler.
 
     Raises:
+        TypeError, FileNotFoundError, SamplerFileError: as :func:`metasampler.read_header`.
         ValueError: the file stores none.
     """
     from ..export import _sampler_file, read_header  # (export imports this package)
 
-    means = read_header(_sampler_file(path))["provenance"].get("net_means")
+    means = read_header(_sampler_file(path, "stored_net_means"))["provenance"].get("net_means")
     if not isinstance(means, dict):
         raise ValueError(
             f"{path} stores no net means (train_meta.py writes them into the files it trains)"
