@@ -144,13 +144,19 @@ def summary(
         A :class:`Summary` (its ``watched`` says which was watched); ``print`` it for a table.
 
     Raises:
+        TypeError: ``result`` is not a run's result (no ``theta`` tensor).
         ValueError: too few samples; ``watch`` not one of :data:`WATCH_CHOICES`; or
             ``watch="predictions"`` for a target that is not a ``BayesianModel``.
 
     Warns:
         ConvergenceWarning: the largest watched R-hat is above ``rhat_threshold``.
     """
-    theta = result.theta
+    theta = getattr(result, "theta", None)
+    if not isinstance(theta, Tensor):
+        raise TypeError(
+            "summary needs the result of metasampler.sample (a SampleResult), got "
+            f"{type(result).__name__}"
+        )
     if theta.ndim != 3 or theta.shape[0] < 4:
         raise ValueError(
             "summary needs at least 4 kept samples per chain (result.theta of shape "

@@ -140,6 +140,8 @@ def test_summary_warns_on_disagreeing_chains_and_not_on_agreeing_ones():
     assert ms.summary(_result(shifted, target), warn=False).max_rhat > 1.5
     with pytest.raises(ValueError, match="at least 4"):
         ms.summary(_result(iid[:3], target))
+    with pytest.raises(TypeError, match="summary needs the result of metasampler.sample"):
+        ms.summary(None)  # e.g. a run's result lost to a function that returned nothing
 
 
 def test_summary_of_a_network_watches_the_predictions_not_the_unidentified_weights():
