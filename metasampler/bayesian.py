@@ -422,13 +422,35 @@ class BayesianModel:
             )
         return logp
 
+    def _unfit_inputs(self, x: Tensor, err: RuntimeError) -> Exception:
+        """The module's failure on inputs ``x``: where they are shaped unlike the model's data,
+        a ``ValueError`` saying so (not a shape error from inside the module); else ``err``."""
+        if tuple(x.shape[1:]) == tuple(self.x.shape[1:]):
+            return err
+        return ValueError(
+            f"the module cannot take inputs x of shape {tuple(x.shape)} (the model's data x: "
+            f"(N, {', '.join(str(d) for d in self.x.shape[1:])})): {type(err).__name__}: {err}"
+        )
+
     def forward(self, theta: Tensor, x: Tensor) -> Tensor:
-        """Outputs of every chain's network on ``x`` of shape ``(B, ...)``: ``(K, B, ...)``."""
+        """Outputs of every chain's network on ``x`` of shape ``(B, ...)``: ``(K, B, ...)``.
+
+        Raises:
+            ValueError: ``theta`` is not ``(K, D)``, or the module cannot take ``x``'s shape.
+        """
         self._check_theta(theta)
-        return vmap(self._forward_one, in_dims=(0, None))(theta, self._inputs(x))
+        x = self._inputs(x)
+        try:
+            return vmap(self._forward_one, in_dims=(0, None))(theta, x)
+        except RuntimeError as err:
+            raise self._unfit_inputs(x, err) from None
 
     def log_likelihood(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        """``log p(y_b | x_b, theta_k)`` for every chain and example, shape ``(K, B)``."""
+        """``log p(y_b | x_b, theta_k)`` for every chain and example, shape ``(K, B)``.
+
+        Raises:
+            ValueError: as :meth:`forward`, or ``x`` and ``y`` of different lengths.
+        """
         self._check_theta(theta)
         x = self._inputs(x)
         if x.shape[0] != y.shape[0]:
@@ -436,7 +458,10 @@ class BayesianModel:
                 f"x and y must have the same length, got {x.shape[0]} and {y.shape[0]}"
             )
         y = y.to(self.device, dtype=self.y.dtype)
-        return vmap(self._loglik_one, in_dims=(0, None, None))(theta, x, y)
+        try:
+            return vmap(self._loglik_one, in_dims=(0, None, None))(theta, x, y)
+        except RuntimeError as err:
+            raise self._unfit_inputs(x, err) from None
 
     def predict(self, theta: Tensor, x: Tensor | None = None) -> Predictive:
         """Posterior-predictive mean and spread on ``x`` (default: the training inputs).

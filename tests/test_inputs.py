@@ -34,6 +34,21 @@ def test_bayesian_model_checks_the_label_range_at_construction(bad, shown):
         ms.BayesianModel(torch.nn.Linear(4, 3), (x, y))
 
 
+def test_predictions_and_held_out_scores_check_the_inputs_shape():
+    """A logistic regression asked about inputs with another feature count: a ValueError
+    naming both shapes, from ``predict`` and from the held-out score adaptation uses."""
+    x, y = classifier_data(classes=2)
+    model = ms.BayesianModel(torch.nn.Linear(4, 1), (x, y.float()), likelihood="bernoulli")
+    theta = model.init_positions(2, torch.Generator().manual_seed(0))
+    shown = r"cannot take inputs x of shape \(6, 5\) \(the model's data x: \(N, 4\)\)"
+    wrong = torch.randn(6, 5)
+    with pytest.raises(ValueError, match=shown):
+        model.predict(theta, wrong)
+    with pytest.raises(ValueError, match=shown):
+        model.log_likelihood(theta, wrong, torch.ones(6))
+    assert model.predict(theta, x[:6]).mean.shape == (6, 1)  # the data's shape still works
+
+
 def test_bayesian_model_accepts_good_data():
     model = ms.BayesianModel(torch.nn.Linear(4, 3), classifier_data(), batch_size=10)
     result = ms.sample(SGLD(lr=1e-3), model, 2, 3, seed=0, progress=False)
