@@ -69,7 +69,7 @@ SamplerConfig.__module__ = __name__
 
 @dataclass
 class TrainConfig:
-    """Meta-training loop (004 §3.3, appendix F)."""
+    """Meta-training loop (Gong et al. 2019, §3.3 and appendix F)."""
 
     epochs: int = 100
     sub_epochs: int = 4

@@ -54,14 +54,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # -- workloads ------------------------------------------------------------------------------
 def toy_problem() -> Problem:
-    """The paper's meta-training task (004 F.1): 10-D Gaussian, mean 3, random diagonal
-    covariance, gradient noise N(0, 1), starts in U([0, 6]^10)."""
+    """The paper's meta-training task (Gong et al. 2019, appendix F.1): 10-D Gaussian, mean 3,
+    random diagonal covariance, gradient noise N(0, 1), starts in U([0, 6]^10)."""
     return ProblemFamily(load_config(None, []).task)(0, torch.Generator())
 
 
 def mlp_problem() -> Problem:
-    """784-20-10 ReLU MLP (D = 15,910; the paper's MNIST training net, 004 F.2), categorical
-    likelihood, minibatch 500 of N = 5000 random inputs of MNIST shape."""
+    """784-20-10 ReLU MLP (D = 15,910; the paper's MNIST training net, Gong et al. 2019,
+    appendix F.2), categorical likelihood, minibatch 500 of N = 5000 random inputs of MNIST
+    shape."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(784, 20), nn.ReLU(), nn.Linear(20, 10))
     g = torch.Generator().manual_seed(0)
@@ -109,7 +110,7 @@ def workloads(quick: bool) -> dict[str, dict]:
     )
     return {
         "toy": {
-            "label": "toy 10-D Gaussian (004 F.1), K = 50",
+            "label": "toy 10-D Gaussian (the paper's training task), K = 50",
             "problem": toy_problem,
             "sampler": toy_sampler,
             "train": toy_train,
@@ -324,14 +325,16 @@ times everything). The 1-process rows are the unchanged single-process path ("1 
 first, then the fastest of {repeats} runs; for 2 processes the wall time spans barriers on
 both sides (the slower rank decides).
 
-- toy: the paper's meta-training task (004 F.1: 10-D Gaussian, gradient noise N(0, 1)),
+- toy: the paper's meta-training task (Gong et al. 2019, appendix F.1: 10-D Gaussian,
+  gradient noise N(0, 1)),
   K = {ts.n_chains} chains, windows of {ts.unroll} steps, cross-chain loss every
   {ts.cross_chain_every} steps, in-chain loss on {ts.in_chain_chains} chains, nets of 40 units;
   {ts.epochs} epochs x {ts.steps_per_sub_epoch} steps. Sampling: {toy["sample"][0]} chains x
   {toy["sample"][1]} steps.
 - MLP: a 784-20-10 ReLU BNN (D = 15,910) on 5,000 random MNIST-shaped inputs, minibatch 500,
   K = {ms.n_chains}, windows of {ms.unroll} steps, cross-chain loss every
-  {ms.cross_chain_every} steps (no in-chain loss, as 004 F.2), nets of 10 units;
+  {ms.cross_chain_every} steps (no in-chain loss, as in Gong et al. 2019, appendix F.2), nets
+  of 10 units;
   {ms.epochs * ms.steps_per_sub_epoch} steps. Sampling: {mlp["sample"][0]} chains x
   {mlp["sample"][1]} steps.
 

@@ -97,7 +97,7 @@ def gaussian_kl_from_moments(mean: Any, cov: Any, target_mean: Any, target_cov: 
 def gaussian_kl(samples: Any, mean: Any, cov: Any, *, ddof: int = 1) -> float:
     """KL( N(m_hat, C_hat) || N(mu, Sigma) ) for the Gaussian fitted to the pooled samples.
 
-    ``m_hat`` and ``C_hat`` (``1/(n - ddof)``; ``np.cov``'s default ``ddof=1``, as the seed-004
+    ``m_hat`` and ``C_hat`` (``1/(n - ddof)``; ``np.cov``'s default ``ddof=1``, as the paper's
     reference code) are the mean and covariance of all ``n = S K`` samples of all chains; the
     KL is :func:`gaussian_kl_from_moments`'s closed form.
 
