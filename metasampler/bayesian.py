@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -376,8 +377,8 @@ class BayesianModel:
                 outputs = self.module(self.x[:1])
         except Exception as err:  # any failure of the module on the data's input shape
             raise ValueError(
-                f"the module cannot take the data's inputs x of shape (N, "
-                f"{', '.join(str(d) for d in self.x.shape[1:])}): {type(err).__name__}: {err}"
+                f"the module cannot take the data's inputs x of shape {self._data_shape()}: "
+                f"{type(err).__name__}: {err}"
             ) from None
         if self.likelihood == "categorical":
             if not isinstance(outputs, Tensor) or outputs.ndim < 2:
@@ -422,15 +423,25 @@ class BayesianModel:
             )
         return logp
 
-    def _unfit_inputs(self, x: Tensor, err: RuntimeError) -> Exception:
-        """The module's failure on inputs ``x``: where they are shaped unlike the model's data,
-        a ``ValueError`` saying so (not a shape error from inside the module); else ``err``."""
-        if tuple(x.shape[1:]) == tuple(self.x.shape[1:]):
-            return err
-        return ValueError(
-            f"the module cannot take inputs x of shape {tuple(x.shape)} (the model's data x: "
-            f"(N, {', '.join(str(d) for d in self.x.shape[1:])})): {type(err).__name__}: {err}"
-        )
+    def _data_shape(self) -> str:
+        """The training inputs' shape with ``N`` for their count, e.g. ``"(N, 784)"``."""
+        return "(" + ", ".join(["N", *(str(d) for d in self.x.shape[1:])]) + ")"
+
+    def _over_chains(
+        self, fn: Callable[..., Tensor], theta: Tensor, x: Tensor, *rest: Tensor
+    ) -> Tensor:
+        """``fn(flat, x, *rest)`` for every chain of ``theta``; where the module fails on inputs
+        shaped unlike the model's data, a ``ValueError`` saying so (not a shape error from
+        inside the module)."""
+        try:
+            return vmap(fn, in_dims=(0, None, *(None for _ in rest)))(theta, x, *rest)
+        except RuntimeError as err:
+            if tuple(x.shape[1:]) == tuple(self.x.shape[1:]):
+                raise
+            raise ValueError(
+                f"the module cannot take inputs x of shape {tuple(x.shape)} (the model's data "
+                f"x: {self._data_shape()}): {type(err).__name__}: {err}"
+            ) from None
 
     def forward(self, theta: Tensor, x: Tensor) -> Tensor:
         """Outputs of every chain's network on ``x`` of shape ``(B, ...)``: ``(K, B, ...)``.
@@ -439,11 +450,7 @@ class BayesianModel:
             ValueError: ``theta`` is not ``(K, D)``, or the module cannot take ``x``'s shape.
         """
         self._check_theta(theta)
-        x = self._inputs(x)
-        try:
-            return vmap(self._forward_one, in_dims=(0, None))(theta, x)
-        except RuntimeError as err:
-            raise self._unfit_inputs(x, err) from None
+        return self._over_chains(self._forward_one, theta, self._inputs(x))
 
     def log_likelihood(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         """``log p(y_b | x_b, theta_k)`` for every chain and example, shape ``(K, B)``.
@@ -458,10 +465,7 @@ class BayesianModel:
                 f"x and y must have the same length, got {x.shape[0]} and {y.shape[0]}"
             )
         y = y.to(self.device, dtype=self.y.dtype)
-        try:
-            return vmap(self._loglik_one, in_dims=(0, None, None))(theta, x, y)
-        except RuntimeError as err:
-            raise self._unfit_inputs(x, err) from None
+        return self._over_chains(self._loglik_one, theta, x, y)
 
     def predict(self, theta: Tensor, x: Tensor | None = None) -> Predictive:
         """Posterior-predictive mean and spread on ``x`` (default: the training inputs).
