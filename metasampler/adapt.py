@@ -21,7 +21,9 @@ step; a criterion ranks them and the search narrows on a log grid:
    with it. Where the choice is an end of the round, alone (no other group within noise of
    it), the optimum may lie beyond: the next round tries that end and 2 and 4 times further
    out (a further one 4 and 16 times, ...), keeping the end unless another is clearly
-   better (**Moves**, below).
+   better (**Moves**, below). NNSGHMC's friction is its nets', as trained: a round over its
+   level cannot tell half from twice it in a network's burn-in, and where the whole run is
+   a transient it prefers a damping the kept run loses by.
 4. **Step again** (3/10): three groups at ``best / f``, ``best``, ``best * f`` with
    ``f = sqrt(2)`` (2 where round 2's best was at its end or the friction moved); where
    round 2 chose an end alone, the groups go outward from it instead (``best * f**j``,
