@@ -118,7 +118,12 @@ first quarter lets chains that changed step settle), on the steps the schedule c
 
 The burn-in sees only what its length shows: on a badly conditioned target a kept run much
 longer than the burn-in mixes slow directions that no trial can, and the choice is as good as
-the trial's noise allows (``speed/bench_adapt.py`` measures it against a grid).
+the trial's noise allows (``speed/bench_adapt.py`` measures it against a grid). Nor does a
+short window from chains that all start at one point far from the posterior (a network's
+weights near zero) tell a step that descends from one that stays: chains that do not move
+score about ``D / 4`` by the Stein criterion, and any that move score worse while they
+descend, so the search ends at a step that does not move them. On networks, adapt by
+held-out data, or start the chains from the module's initialisation.
 
 **Cost.** Each group is its own call of the sampler's step, on ``max(8, K / G)`` chains, plus
 one call for the other chains. Where the gradient's arithmetic dominates (networks), a step's
@@ -748,6 +753,14 @@ class _Group:
     kinetic: float | None = None
     in_bracket: bool = False
 
+    def trial(self, round: int, kind: str, chains: int) -> Trial:
+        """The group's record in :attr:`AdaptResult.trials`."""
+        heat = None if self.heat_stats is None or self.error is not None else self.heat
+        return Trial(
+            round, kind, self.eta, self.friction, self.score, self.se, chains, self.error,
+            heat, self.kinetic,
+        )  # fmt: skip
+
 
 @dataclass
 class _Search:
@@ -807,91 +820,131 @@ class _Search:
         counted = {k for k in steps if self.sampler.collects(k)} or set(steps)
         device = self.generator.device
         seed = int(torch.randint(2**62, (1,), generator=self.generator, device=device))
-        groups = []
         # fresh momenta from a seed other than the groups' (their first draws would repeat it)
         start = _refreshed(_take(state, trial, keys), self.sampler, seed + 1)
-        for eta, friction in settings:
-            sub = replace(start, eta=eta)
-            stats = self._stats(len(trial), len(counted))
-            generator = torch.Generator(device=device).manual_seed(seed)
-            sampler = self.configured(friction)
-            heat = self._heat_stats(len(trial))
-            groups.append(
-                _Group(
-                    eta,
-                    friction,
-                    sampler,
-                    sub,
-                    generator,
-                    stats,
-                    heat_stats=heat,
-                    in_bracket=kind == "bracket",
-                )  # fmt: skip
-            )
-        rest = None
+        groups = [
+            self._group(start, eta, friction, seed, len(trial), len(counted), kind)
+            for eta, friction in settings
+        ]
+        rest, rest_sampler = None, self.sampler
         if carry is not None and len(others):
             rest = replace(_take(state, others, keys), eta=carry[0])
             rest_sampler = self.configured(carry[1])
         for t in range(length):
             for g in groups:
-                if g.error is not None:
-                    continue
-                try:
-                    g.state = g.sampler.step(g.state, proxy, g.generator)
-                    if not math.isfinite(float(g.state.theta.sum())):
-                        raise NonFiniteError(
-                            f"non-finite position at step {g.state.step}",
-                            step=g.state.step,
-                            quantity="position",
-                        )
-                except NonFiniteError as err:
-                    g.error = str(err)
-                    continue
-                if g.state.step not in counted:
-                    continue
-                if g.heat_stats is not None:
-                    g.heat_stats.update(g.state.momentum)
-                if self.validation is None:
-                    g.stats.update(*recorder.last)
-                elif (length - 1 - t) % every == 0:
-                    g.stats.update(g.state.theta)
+                self._step_group(g, proxy, recorder, counted, (length - 1 - t) % every == 0)
             if rest is not None:
-                try:
-                    rest = rest_sampler.step(rest, self.target, self.generator)
-                    check_finite(rest.step, position=rest.theta)
-                except NonFiniteError:  # (rare: the best step so far) they start again
-                    fresh = self.sampler.init(self.start_theta[others], self.target, self.generator)
-                    rest = replace(fresh, step=state.step + t + 1, eta=carry[0])
+                rest = self._step_others(rest, rest_sampler, others, state.step + t + 1)
             self.advance(1)
         for g in groups:
-            if g.error is None:
-                g.score, g.leave_out = g.stats.score()
-                if g.heat_stats is not None:
-                    g.heat, g.heat_leave_out = g.heat_stats.score()
-                    g.kinetic = g.heat_stats.mean_temperature()
-                    if self.validation is None:  # the heat is part of the kept run's KL
-                        g.score += g.heat
-                        g.leave_out = [
-                            a + b for a, b in zip(g.leave_out, g.heat_leave_out, strict=False)
-                        ]
-                g.se = _jackknife_se(g.leave_out)
-            self.trials.append(
-                Trial(
-                    self.rounds,
-                    kind,
-                    g.eta,
-                    g.friction,
-                    g.score,
-                    g.se,
-                    len(trial),
-                    g.error,
-                    None if g.heat_stats is None or g.error is not None else g.heat,
-                    g.kinetic,
-                )  # fmt: skip
-            )
+            self._score(g)
+            self.trials.append(g.trial(self.rounds, kind, len(trial)))
         self.rounds += 1
         self.extra += (len(settings) - 1) * len(trial) * length
-        step = state.step + length
+        return self._merged(state, groups, trial, others, rest, kind, length), groups
+
+    def _group(
+        self,
+        start: SamplerState,
+        eta: float,
+        friction: float | None,
+        seed: int,
+        scored: int,
+        window: int,
+        kind: str,
+    ) -> _Group:
+        """A group of a round: a copy of the trial chains at ``(eta, friction)``, with the
+        round's random numbers (``seed``) and its statistics."""
+        return _Group(
+            eta,
+            friction,
+            self.configured(friction),
+            replace(start, eta=eta),
+            torch.Generator(device=self.generator.device).manual_seed(seed),
+            self._stats(scored, window),
+            heat_stats=self._heat_stats(scored),
+            in_bracket=kind == "bracket",
+        )
+
+    def _step_group(
+        self,
+        g: _Group,
+        proxy: Target,
+        recorder: _Recorder,
+        counted: set[int],
+        validation_point: bool,
+    ) -> None:
+        """One step of a group that has not diverged, and its statistics where the window
+        counts the step (the validation criterion at its points only); a divergence is
+        recorded in ``g.error``, never raised."""
+        if g.error is not None:
+            return
+        try:
+            g.state = g.sampler.step(g.state, proxy, g.generator)
+            if not math.isfinite(float(g.state.theta.sum())):
+                raise NonFiniteError(
+                    f"non-finite position at step {g.state.step}",
+                    step=g.state.step,
+                    quantity="position",
+                )
+        except NonFiniteError as err:
+            g.error = str(err)
+            return
+        if g.state.step not in counted:
+            return
+        if g.heat_stats is not None:
+            g.heat_stats.update(g.state.momentum)
+        if self.validation is None:
+            g.stats.update(*recorder.last)
+        elif validation_point:
+            g.stats.update(g.state.theta)
+
+    def _step_others(
+        self,
+        rest: SamplerState,
+        sampler: Sampler,
+        others: Tensor,
+        step: int,
+    ) -> SamplerState:
+        """One step of the chains outside the round (``sampler`` at the best step and
+        friction so far); where they diverge (rare: the best step so far) they start again
+        from their start positions."""
+        try:
+            rest = sampler.step(rest, self.target, self.generator)
+            check_finite(rest.step, position=rest.theta)
+            return rest
+        except NonFiniteError:
+            fresh = self.sampler.init(self.start_theta[others], self.target, self.generator)
+            return replace(fresh, step=step, eta=rest.eta)
+
+    def _score(self, g: _Group) -> None:
+        """A group's score, its standard error and its momenta's heat (added to the Stein
+        score: the kept run's positions reach it)."""
+        if g.error is not None:
+            return
+        g.score, g.leave_out = g.stats.score()
+        if g.heat_stats is not None:
+            g.heat, g.heat_leave_out = g.heat_stats.score()
+            g.kinetic = g.heat_stats.mean_temperature()
+            if self.validation is None:  # the heat is part of the kept run's KL
+                g.score += g.heat
+                g.leave_out = [a + b for a, b in zip(g.leave_out, g.heat_leave_out, strict=False)]
+        g.se = _jackknife_se(g.leave_out)
+
+    def _merged(
+        self,
+        state: SamplerState,
+        groups: list[_Group],
+        trial: Tensor,
+        others: Tensor,
+        rest: SamplerState | None,
+        kind: str,
+        length: int,
+    ) -> SamplerState:
+        """The ``K`` chains after a round: the trial chains from the best group (after a
+        bracket, from where they were; where every group diverged, from their start
+        positions), the others from where they ran (or waited)."""
+        keys = _chain_keys(state)
         best = _best(groups)
         if kind == "bracket":  # a probe of the scale: steps far off can damage the chains
             parts = [(_take(state, trial, keys), trial)]
@@ -903,8 +956,8 @@ class _Search:
         if len(others):
             parts.append((rest if rest is not None else _take(state, others, keys), others))
         merged = _assemble(parts, self.n_chains)
-        merged.step = step
-        return merged, groups
+        merged.step = state.step + length
+        return merged
 
     def _heat_stats(self, scored: int) -> _HeatStats | None:
         """The momenta's heat, for samplers whose momentum's stationary law is known and
@@ -1142,6 +1195,217 @@ def _friction_ok(sampler: Sampler, name: str, value: float) -> bool:
     return not (name == "friction" and value < getattr(sampler, "noise_estimate", 0.0))
 
 
+def _validation_subset(config: Adapt) -> tuple[Tensor, Tensor] | None:
+    """The held-out data the validation criterion scores (at most ``max_validation``
+    examples, a fixed random subset), or ``None`` for the Stein criterion."""
+    if config.validation is None:
+        return None
+    x, y = config.validation
+    if x.shape[0] > config.max_validation:
+        pick = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
+        pick = pick[: config.max_validation]
+        x, y = x[pick.to(x.device)], y[pick.to(y.device)]
+    return x, y
+
+
+class _BurnIn:
+    """The phases of one adapted burn-in (the module docstring's rounds 1-5), sharing the
+    chains' state, the steps used so far and the current choice."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        target: Target,
+        state: SamplerState,
+        burn_in: int,
+        kept_steps: int,
+        generator: torch.Generator,
+        config: Adapt,
+        advance: Callable[[int], object],
+    ) -> None:
+        self.sampler, self.target, self.state = sampler, target, state
+        self.burn_in, self.generator, self.config = burn_in, generator, config
+        self.n_chains = state.theta.shape[0]
+        self.name, self.start_friction = _friction_of(sampler) if config.friction else (None, None)
+        self.friction = self.start_friction
+        self.adapt_friction = self.name is not None and self.start_friction is not None
+        # a schedule: the search tries constant steps, the schedule's mean multiplier over
+        # the kept run's sampling steps times the base step
+        self.scale = _schedule_scale(sampler, state.step + burn_in, kept_steps)
+        trial_sampler = sampler
+        if not isinstance(sampler.schedule, Constant):
+            trial_sampler = copy.copy(sampler)
+            trial_sampler.schedule = Constant()
+        self.half = int(round(math.log(config.span) / math.log(_BRACKET_RATIO)))
+        bracket_minimum, self.scaled = _budget(
+            self.n_chains, burn_in, kept_steps, 2 * self.half + 1, self.adapt_friction,
+            config.extra_cost,
+        )  # fmt: skip
+        self.search = _Search(
+            trial_sampler, target, config, generator, self.n_chains, max(1, kept_steps),
+            advance, state.theta.detach().clone(), self.name, _validation_subset(config),
+            bracket_minimum,
+        )  # fmt: skip
+        self.start_eta = float(state.eta)
+        self.used = 0  # burn-in steps the rounds ran
+        self.budget = config.extra_cost * self.n_chains * (burn_in + max(1, kept_steps))
+        self.last_groups: list[_Group] = []
+
+    def bracket(self) -> float:
+        """Round 1: the bracket around the start, moved while its best is at an end (or
+        every group diverged), at most :data:`_MAX_BRACKET_MOVES` times. Returns its best
+        step.
+
+        Raises:
+            NonFiniteError: every step tried diverged.
+        """
+        length = max(1, int(self.scaled * _bracket_share(self.burn_in)))
+        centre, best, moves = self.start_eta * self.scale, None, 0
+        tried: list[float] = []
+        carry = None  # the other chains wait until a step is known
+        while True:
+            etas = [centre * _BRACKET_RATIO**j for j in range(-self.half, self.half + 1)]
+            tried += etas
+            settings = [(e, self.friction) for e in etas]
+            self.state, groups = self.search.run_round(
+                self.state, settings, length, "bracket", carry
+            )
+            self.used += length
+            best = _best(groups)
+            if best is not None:
+                carry = (best.eta, self.friction)
+            if moves >= _MAX_BRACKET_MOVES:
+                break
+            if best is None:
+                centre = min(etas) / _BRACKET_RATIO**self.half
+            elif best.eta in (max(etas), min(etas)):
+                centre = best.eta
+            else:
+                break
+            moves += 1
+        if best is None:
+            first = next((t.error for t in self.search.trials if t.error), "")
+            raise NonFiniteError(
+                f"adapt: every step tried diverged ({min(tried):.3g} to {max(tried):.3g}, "
+                f"from the sampler's {self.start_eta * self.scale:.3g}); the target may not "
+                f"be finite near the start positions. First error: {first}",
+                quantity="adapted step",
+            )
+        return best.eta
+
+    def round_lengths(self) -> tuple[int, int, int]:
+        """The step, friction and last step rounds' lengths: their shares of what the
+        bracket left."""
+        bracket = int(_bracket_share(self.burn_in))
+        left = min(self.burn_in - self.used, self.scaled * (self.burn_in - bracket))
+        step_len, friction_len, last_len = (
+            max(1, int(share * left)) for share in _shares(self.adapt_friction)
+        )
+        return step_len, friction_len, last_len
+
+    def step_round(
+        self, centre: float, factors: Sequence[float], length: int, outward: bool
+    ) -> tuple[float, bool]:
+        """A round at ``centre * factors``; its choice, the best and its ties
+        (:func:`_choose`): where the round goes outward from an end an earlier round chose
+        (``centre``), only the best's next neighbours, so that a flat stretch of scores
+        does not carry the choice away from the step an earlier round preferred; and
+        whether the best sits at an end of the round."""
+        settings = [(centre * f, self.friction) for f in factors]
+        carry = (centre, self.friction)
+        self.state, self.last_groups = self.search.run_round(
+            self.state, settings, length, "step", carry
+        )
+        self.used += length
+        chosen = _choose(self.last_groups, "eta", reach=1 if outward else None)
+        return (centre * min(factors), True) if chosen is None else chosen  # None: all diverged
+
+    def room(self, length: int) -> int:
+        """The length (at most ``length``) of one more three-group round that keeps the
+        extra chain-steps within the budget and the settle phase at least
+        :func:`_min_settle`; 0 where it would be shorter than a sixteenth of the burn-in."""
+        steps_left = self.burn_in - self.used - _min_settle(self.burn_in)
+        per_step = 2 * _trial_size(self.n_chains, 3, _MIN_TRIAL_CHAINS)
+        cost_left = (self.budget - self.search.extra) // per_step
+        length = min(length, steps_left, int(cost_left))
+        return length if length >= max(1, self.burn_in // 16) else 0
+
+    def friction_rounds(self, eta: float, length: int) -> bool:
+        """Round 3 at ``friction * (1/2, 1, 2)``, then, while the choice is an end of its
+        round, alone, and a move fits the budget, a round further out (``end * (1, 2, 4)``
+        or ``end * (1/4, 1/2, 1)``, then ``end * (1, 4, 16)`` and so on; the end kept
+        unless another is clearly better). Sets the friction; returns whether it moved."""
+        assert self.friction is not None and self.name is not None
+        factors, start, moves = (0.5, 1.0, 2.0), self.friction, 0
+        while True:
+            friction = self.friction
+            settings = [(eta, friction * f) for f in factors]
+            settings = [(e, f) for e, f in settings if _friction_ok(self.sampler, self.name, f)]
+            self.state, groups = self.search.run_round(
+                self.state, settings, length, "friction", (eta, friction)
+            )
+            self.used += length
+            self.friction = _chosen_friction(groups, friction)
+            length = self.room(length // 2)
+            direction = _direction(groups, "friction", self.friction, friction)
+            if direction == 0 or moves == _MAX_MOVES or length == 0:
+                return self.friction != start
+            moves += 1
+            factors = _outward(direction, 2.0**moves)  # each move twice as far as the last
+
+    def last_step_rounds(self, eta: float, direction: int, factor: float, length: int) -> float:
+        """Round 4: outward from an end the step round chose alone (``direction``: the end
+        and two steps beyond it), else around ``eta``; then, while the choice is the far
+        end, alone, further out, budget permitting. Returns the step."""
+        outward = direction != 0
+        for _ in range(_MAX_MOVES + 1):
+            factors = _outward(direction, factor) if outward else (1.0 / factor, 1.0, factor)
+            centre = eta
+            eta, _ = self.step_round(centre, factors, length, outward)
+            direction = _direction(self.last_groups, "eta", eta, centre)
+            length = self.room(length // 2)
+            if direction == 0 or length == 0:
+                break
+            factor = factor * 2.0 if outward else factor  # each move twice as far as the last
+            outward = True
+        return eta
+
+    def base_step(self, eta: float) -> float:
+        """The sampler's step for the chosen constant ``eta``: for a schedule, its base
+        step, whose peak is no larger than the largest step of the last round that scored
+        as well as the best."""
+        if self.scale == 1.0:
+            return eta
+        groups = self.last_groups
+        good = [g for g in _candidates(groups) if not _clearly_worse_than_best(g, groups)]
+        largest = max((g.eta for g in good), default=eta)
+        peak = _schedule_peak(self.sampler, self.search.kept_steps)
+        return min(eta / self.scale, largest / peak)
+
+    def settle(
+        self, eta: float, callback: Callable[[SamplerState], None] | None
+    ) -> tuple[Sampler, int]:
+        """Round 5: every chain at the chosen kernel for the rest of the burn-in, then the
+        sampler's own warm-up ends. Returns the chosen kernel and the settle steps."""
+        final = copy.copy(self.sampler)
+        final.eta, final.lr = eta, None
+        if self.name is not None and self.friction is not None:
+            setattr(final, self.name, self.friction)
+        device = self.generator.device
+        seed = int(torch.randint(2**62, (1,), generator=self.generator, device=device))
+        state = _refreshed(replace(self.state, eta=eta), final, seed)
+        settle = self.burn_in - self.used
+        for _ in range(settle):
+            state = final.step(state, self.target, self.generator)
+            check_finite(state.step, position=state.theta)
+            if callback is not None:
+                callback(state)
+            self.search.advance(1)
+        end_warmup = getattr(final, "end_warmup", None)  # what the sampler itself adapts
+        self.state = end_warmup(state) if end_warmup is not None else state
+        return final, settle
+
+
 @torch.no_grad()  # as sampling: no graph through the chains (targets enable grad locally)
 def adapt_burn_in(
     sampler: Sampler,
@@ -1163,181 +1427,28 @@ def adapt_burn_in(
         NonFiniteError: every step tried diverged (the message names the range and the
             first error).
     """
-    n_chains = state.theta.shape[0]
-    name, start_friction = _friction_of(sampler) if config.friction else (None, None)
-    validation = None
-    if config.validation is not None:
-        x, y = config.validation
-        if x.shape[0] > config.max_validation:
-            pick = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
-            pick = pick[: config.max_validation]
-            x, y = x[pick.to(x.device)], y[pick.to(y.device)]
-        validation = (x, y)
-    # a schedule: the search tries constant steps, the schedule's mean multiplier over the
-    # kept run's sampling steps times the base step
-    scale = _schedule_scale(sampler, state.step + burn_in, kept_steps)
-    trial_sampler = sampler
-    if not isinstance(sampler.schedule, Constant):
-        trial_sampler = copy.copy(sampler)
-        trial_sampler.schedule = Constant()
-    half = int(round(math.log(config.span) / math.log(_BRACKET_RATIO)))
-    adapt_friction = name is not None and start_friction is not None
-    bracket_minimum, scaled = _budget(
-        n_chains, burn_in, kept_steps, 2 * half + 1, adapt_friction, config.extra_cost
-    )
-    search = _Search(
-        trial_sampler, target, config, generator, n_chains, max(1, kept_steps), advance,
-        state.theta.detach().clone(), name, validation, bracket_minimum,
-    )  # fmt: skip
-    start_eta = float(state.eta)
-    friction = start_friction
-    used = 0
-    budget = config.extra_cost * n_chains * (burn_in + max(1, kept_steps))
-
-    # 1. bracket, moved while the best is at an end
-    bracket_len = max(1, int(scaled * _bracket_share(burn_in)))
-    centre, best, moves = start_eta * scale, None, 0
-    tried: list[float] = []
-    carry = None  # the other chains wait until a step is known
-    while True:
-        etas = [centre * _BRACKET_RATIO**j for j in range(-half, half + 1)]
-        tried += etas
-        settings = [(e, friction) for e in etas]
-        state, groups = search.run_round(state, settings, bracket_len, "bracket", carry)
-        used += bracket_len
-        best = _best(groups)
-        if best is not None:
-            carry = (best.eta, friction)
-        if moves >= _MAX_BRACKET_MOVES:
-            break
-        if best is None:
-            centre = min(etas) / _BRACKET_RATIO**half
-        elif best.eta == max(etas) or best.eta == min(etas):
-            centre = best.eta
-        else:
-            break
-        moves += 1
-    if best is None:
-        first = next((t.error for t in search.trials if t.error), "")
-        raise NonFiniteError(
-            f"adapt: every step tried diverged ({min(tried):.3g} to {max(tried):.3g}, from "
-            f"the sampler's {start_eta * scale:.3g}); the target may not be finite near the start "
-            f"positions. First error: {first}",
-            quantity="adapted step",
-        )
-    eta = best.eta
-
-    # 2-4. the step, the friction, the step again, in shares of what is left
-    left = min(burn_in - used, scaled * (burn_in - int(_bracket_share(burn_in))))
-    step_len, friction_len, last_len = (
-        max(1, int(share * left)) for share in _shares(adapt_friction)
-    )
-    last_groups: list[_Group] = []
-
-    def step_round(
-        centre: float, factors: Sequence[float], length: int, outward: bool
-    ) -> tuple[float, bool]:
-        """A round at ``centre * factors``; its choice, the best and its ties
-        (:func:`_choose`): where the round goes outward from an end an earlier round chose
-        (``centre``), only the best's next neighbours, so that a flat stretch of scores
-        does not carry the choice away from the step an earlier round preferred; and
-        whether the best sits at an end of the round."""
-        nonlocal state, used, last_groups
-        settings = [(centre * f, friction) for f in factors]
-        state, last_groups = search.run_round(state, settings, length, "step", (centre, friction))
-        used += length
-        chosen = _choose(last_groups, "eta", reach=1 if outward else None)
-        return (centre * min(factors), True) if chosen is None else chosen  # None: all diverged
-
-    def room(length: int) -> int:
-        """The length (at most ``length``) of one more three-group round that keeps the
-        extra chain-steps within the budget and the settle phase at least
-        :func:`_min_settle`; 0 where it would be shorter than a sixteenth of the burn-in."""
-        steps_left = burn_in - used - _min_settle(burn_in)
-        cost_left = (budget - search.extra) // (2 * _trial_size(n_chains, 3, _MIN_TRIAL_CHAINS))
-        length = min(length, steps_left, int(cost_left))
-        return length if length >= max(1, burn_in // 16) else 0
-
-    def friction_rounds(friction: float, length: int) -> tuple[float, bool]:
-        """Round 3 at ``friction * (1/2, 1, 2)``, then, while the choice is an end of its
-        round, alone, and a move fits the budget, a round further out (``end * (1, 2, 4)``
-        or ``end * (1/4, 1/2, 1)``, then ``end * (1, 4, 16)`` and so on; the end kept
-        unless another is clearly better). Returns the friction and whether it moved."""
-        nonlocal state, used
-        factors, start, moves = (0.5, 1.0, 2.0), friction, 0
-        while True:
-            settings = [(eta, friction * f) for f in factors]
-            settings = [(e, f) for e, f in settings if _friction_ok(sampler, name, f)]
-            state, groups = search.run_round(state, settings, length, "friction", (eta, friction))
-            used += length
-            chosen = _chosen_friction(groups, friction)
-            length = room(length // 2)
-            direction = _direction(groups, "friction", chosen, friction)
-            friction = chosen
-            if direction == 0 or moves == _MAX_MOVES or length == 0:
-                return friction, friction != start
-            moves += 1
-            factors = _outward(direction, 2.0**moves)  # each move twice as far as the last
-
-    # 2. the step around the bracket's choice
-    centre = eta
-    eta, at_end = step_round(centre, (0.5, 1.0, 2.0), step_len, outward=False)
-    direction = _direction(last_groups, "eta", eta, centre)
-    # 3. the friction at that step
-    moved = False
-    if adapt_friction:
-        friction, moved = friction_rounds(friction, friction_len)
-    # 4. the step again: outward from an end the last step round chose alone (the end and two
-    # steps beyond it), else around the choice; then, while the choice is the far end, alone,
-    # further out, budget permitting
+    run = _BurnIn(sampler, target, state, burn_in, kept_steps, generator, config, advance)
+    centre = run.bracket()  # 1
+    step_len, friction_len, last_len = run.round_lengths()
+    eta, at_end = run.step_round(centre, (0.5, 1.0, 2.0), step_len, outward=False)  # 2
+    direction = _direction(run.last_groups, "eta", eta, centre)
+    moved = run.adapt_friction and run.friction_rounds(eta, friction_len)  # 3
     factor = 2.0 if at_end or moved else math.sqrt(2.0)
-    outward, length = direction != 0 and not moved, last_len
-    for _ in range(_MAX_MOVES + 1):
-        factors = _outward(direction, factor) if outward else (1.0 / factor, 1.0, factor)
-        centre = eta
-        eta, _ = step_round(centre, factors, length, outward)
-        direction, length = _direction(last_groups, "eta", eta, centre), room(last_len // 2)
-        if direction == 0 or length == 0:
-            break
-        factor = factor * 2.0 if outward else factor  # each move twice as far as the last
-        outward = True
-
-    # 5. settle: every chain at the chosen kernel
-    if scale != 1.0:  # a schedule's base step, its peak no larger than a step found as good
-        good = [g for g in _candidates(last_groups) if not _clearly_worse_than_best(g, last_groups)]
-        largest = max((g.eta for g in good), default=eta)
-        eta = min(eta / scale, largest / _schedule_peak(sampler, search.kept_steps))
-    final = copy.copy(sampler)
-    final.eta, final.lr = eta, None
-    if name is not None and friction is not None:
-        setattr(final, name, friction)
-    state = _refreshed(
-        replace(state, eta=eta),
-        final,
-        int(torch.randint(2**62, (1,), generator=generator, device=generator.device)),
-    )
-    settle = burn_in - used
-    for _ in range(settle):
-        state = final.step(state, target, generator)
-        check_finite(state.step, position=state.theta)
-        if callback is not None:
-            callback(state)
-        advance(1)
-    end_warmup = getattr(final, "end_warmup", None)  # what the sampler itself adapts
-    if end_warmup is not None:
-        state = end_warmup(state)
+    eta = run.last_step_rounds(eta, 0 if moved else direction, factor, last_len)  # 4
+    eta = run.base_step(eta)
+    final, settle = run.settle(eta, callback)  # 5
     result = AdaptResult(
         eta=eta,
-        friction=friction if name is not None else None,
-        friction_name=name,
+        friction=run.friction if run.name is not None else None,
+        friction_name=run.name,
         criterion=config.criterion,
-        start_eta=start_eta,
-        start_friction=start_friction,
-        trials=search.trials,
+        start_eta=run.start_eta,
+        start_friction=run.start_friction,
+        trials=run.search.trials,
         sampler=final,
-        state=state,
+        state=run.state,
         generator_state=generator.get_state(),
         settle_steps=settle,
-        schedule_scale=scale,
+        schedule_scale=run.scale,
     )
-    return state, final, result
+    return run.state, final, result
