@@ -23,6 +23,11 @@ the paper's MNIST code.
 
 runs the whole benchmark suite (the toy Gaussian and every task the suite config lists, each
 at its stated budget) and writes one table and its figures (:mod:`metasampler.benchmark.suite`).
+The suite runs for hours on a CPU; ``--suite configs/suite.yaml --resume`` continues an
+interrupted one: each task already published in the suite's ``out_dir`` under the same run
+key (its ``run_key.json``: the resolved config, the sampler file's SHA-256 and the versions of
+torch and metasampler) is kept, a task interrupted part way takes back its finished methods
+(``--resume`` below), and the rest run; the toy is kept the same way (``toy.json``).
 
 Writes into ``<out_dir>/<name>/``, built in a staging directory and swapped in as a whole at
 the end (one atomic rename; an interrupted or failed run leaves earlier results as they
@@ -170,17 +175,18 @@ def _run_and_publish(cfg, problem, sampler_path: str | None, main_process: bool,
     from experiments.run_config import to_yaml
     from metasampler import distributed
     from metasampler.benchmark import run_benchmark, write_results
-    from metasampler.benchmark.resume import FinishedMethods, run_key
+    from metasampler.benchmark.resume import RUN_KEY_FILE, FinishedMethods, run_key
+    from metasampler.files import atomic_write_text
     from metasampler.staging import clean_stale, new_staging_dir, publish_directory
 
     out_root = Path(cfg.out_dir)
     staging = out_root / f".{cfg.name}.partial-unused"  # (ranks > 0 write nothing)
     finished = None
+    key = run_key(OmegaConf.to_container(cfg, resolve=True), sampler_path)
     if main_process:
         out_root.mkdir(parents=True, exist_ok=True)
         clean_stale(out_root, cfg.name)
         if distributed.world_size() == 1:
-            key = run_key(OmegaConf.to_container(cfg, resolve=True), sampler_path)
             finished = FinishedMethods(out_root / f".{cfg.name}.finished", key, resume)
         staging = new_staging_dir(out_root, cfg.name)
     try:
@@ -194,6 +200,7 @@ def _run_and_publish(cfg, problem, sampler_path: str | None, main_process: bool,
         )
         if main_process:
             write_results(result, staging, to_yaml(cfg))
+            atomic_write_text(staging / RUN_KEY_FILE, key)  # what ``--suite --resume`` checks
             publish_directory(staging, out_root / cfg.name)
             if finished is not None:
                 finished.discard()
@@ -251,17 +258,14 @@ def _load_suite(path: str) -> dict:
     }
 
 
-def _run_suite(path: str) -> int:
+def _run_suite(path: str, resume: bool = False) -> int:
     """``--suite``: the toy Gaussian and every task of the suite config, then one table and its
-    figures in the suite's ``out_dir``."""
+    figures in the suite's ``out_dir``; with ``resume``, what an earlier run of the same
+    config published is kept."""
     import json
     import time
 
-    import torch
-
-    import metasampler as ms
-    from metasampler.benchmark.suite import plot_suite, plot_toy_kl, suite_table, toy_rows
-    from metasampler.learned.ablation import stored_net_means, with_constant_nets
+    from metasampler.benchmark.suite import plot_suite, suite_table
 
     try:
         suite = _load_suite(path)
@@ -270,43 +274,20 @@ def _run_suite(path: str) -> int:
     out = Path(suite["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    toy = None
-    if suite["toy"]:
-        from tasks.toy import paper_test_gaussian
-
-        spec = suite["toy"]
-        torch.set_num_threads(1)
-        eta = float(spec["eta"])
-
-        def learned() -> ms.samplers.Sampler:
-            return ms.load_sampler(spec["sampler"], eta=eta)
-
-        def constant() -> ms.samplers.Sampler:
-            return with_constant_nets(learned(), stored_net_means(spec["sampler"]))
-
-        samplers = {
-            "NNSGHMC (meta-trained)": learned,
-            "NNSGHMC, constant nets": constant,
-            "SGHMC (C = 1)": lambda: ms.samplers.SGHMC(eta=eta, friction=1.0),
-            "mSGNHT-S": lambda: ms.samplers.SGNHT(eta=eta, multivariate=True),
-        }
-        print(f"toy Gaussian: {len(samplers)} samplers x seeds {suite['seeds']}", flush=True)
-        toy = toy_rows(
-            samplers,
-            paper_test_gaussian(),
-            suite["seeds"],
-            n_chains=int(spec.get("n_chains", 50)),
-            n_steps=int(spec.get("n_steps", 12_000)),
-        )
-        plot_toy_kl(toy, out / "toy_kl.png")
-        (out / "toy.json").write_text(json.dumps(toy, indent=1))
+    toy = _suite_toy(suite, out, resume) if suite["toy"] else None
     summaries = {}
     for name, task in suite["tasks"].items():
         slug = "suite_" + "".join(c if c.isalnum() else "_" for c in name.lower())
         seeds = "seeds=[" + ",".join(str(s) for s in suite["seeds"]) + "]"
         overrides = [*task.get("overrides", []), seeds, f"name={slug}", f"out_dir={out}"]
+        kept = _published_task(task["config"], overrides, out / slug) if resume else None
+        if kept is not None:
+            print(f"\n== {name}: kept from an earlier run of the same config ({out / slug}/)")
+            summaries[name] = kept
+            continue
         print(f"\n== {name}: {task['config']} {' '.join(overrides)}", flush=True)
-        code = main(["--config", task["config"], *overrides])
+        again = resume and (out / f".{slug}.finished").is_dir()  # interrupted part way
+        code = main(["--config", task["config"], *overrides, *(["--resume"] if again else [])])
         if code == 0:
             summaries[name] = json.loads((out / slug / "results.json").read_text())
         else:
@@ -317,28 +298,95 @@ def _run_suite(path: str) -> int:
     (out / "table.md").write_text(table + "\n")
     print("\n" + table)
     print(f"written to {out}/ (table.md, suite.png, toy_kl.png)")
-    if suite["publish_dir"]:  # the table and figures the documentation shows
-        publish = Path(suite["publish_dir"])
-        publish.mkdir(parents=True, exist_ok=True)
-        published = {
-            "table.md": "suite_table.md",
-            "suite.png": "suite.png",
-            "toy_kl.png": "toy_kl.png",
-        }
-        for name, copy_name in published.items():
-            if (out / name).exists():
-                shutil.copyfile(out / name, publish / copy_name)
-        print(f"published to {publish}/ ({', '.join(published.values())})")
+    if suite["publish_dir"]:
+        _publish_suite(out, Path(suite["publish_dir"]))
     return 0 if len(summaries) == len(suite["tasks"]) else 1
+
+
+def _published_task(config: str, overrides: list[str], directory: Path) -> dict | None:
+    """The ``results.json`` of a task an earlier suite run published under the key this run
+    would have (``None``: run it)."""
+    from omegaconf import OmegaConf
+
+    from experiments.benchmark_config import load_benchmark_config
+    from metasampler.benchmark.resume import published_under, run_key
+
+    try:
+        cfg = load_benchmark_config(config, overrides)
+        key = run_key(OmegaConf.to_container(cfg, resolve=True), _sampler_path(cfg, None))
+    except _Stop:
+        return None  # the task's own run reports what is wrong
+    return published_under(directory, key)
+
+
+def _suite_toy(suite: dict, out: Path, resume: bool) -> dict:
+    """The toy Gaussian's rows (:func:`metasampler.benchmark.suite.toy_rows`) and its KL
+    figure; with ``resume``, those an earlier run stored under the same key."""
+    import json
+
+    import torch
+
+    import metasampler as ms
+    from metasampler.benchmark.resume import run_key
+    from metasampler.benchmark.suite import plot_toy_kl, toy_rows
+    from metasampler.export import PRETRAINED_DIR
+    from metasampler.learned.ablation import stored_net_means, with_constant_nets
+    from tasks.toy import paper_test_gaussian
+
+    spec = suite["toy"]
+    named = PRETRAINED_DIR / f"{spec['sampler']}.safetensors"
+    key = run_key(
+        {"toy": spec, "seeds": suite["seeds"]}, named if named.is_file() else spec["sampler"]
+    )
+    stored = out / "toy.json"
+    if resume and stored.is_file():
+        try:
+            kept = json.loads(stored.read_text())
+        except (OSError, json.JSONDecodeError):
+            kept = None
+        if isinstance(kept, dict) and kept.get("run_key") == key:
+            print("toy Gaussian: kept from an earlier run of the same config", flush=True)
+            return kept["rows"]
+    torch.set_num_threads(1)
+    eta = float(spec["eta"])
+
+    def learned() -> ms.samplers.Sampler:
+        return ms.load_sampler(spec["sampler"], eta=eta)
+
+    def constant() -> ms.samplers.Sampler:
+        return with_constant_nets(learned(), stored_net_means(spec["sampler"]))
+
+    samplers = {
+        "NNSGHMC (meta-trained)": learned,
+        "NNSGHMC, constant nets": constant,
+        "SGHMC (C = 1)": lambda: ms.samplers.SGHMC(eta=eta, friction=1.0),
+        "mSGNHT-S": lambda: ms.samplers.SGNHT(eta=eta, multivariate=True),
+    }
+    print(f"toy Gaussian: {len(samplers)} samplers x seeds {suite['seeds']}", flush=True)
+    n_chains, n_steps = int(spec.get("n_chains", 50)), int(spec.get("n_steps", 12_000))
+    rows = toy_rows(samplers, paper_test_gaussian(), suite["seeds"], n_chains, n_steps)
+    plot_toy_kl(rows, out / "toy_kl.png")
+    stored.write_text(json.dumps({"run_key": key, "rows": rows}, indent=1))
+    return rows
+
+
+def _publish_suite(out: Path, publish: Path) -> None:
+    """Copy the table and figures the documentation shows into ``publish``."""
+    publish.mkdir(parents=True, exist_ok=True)
+    published = {"table.md": "suite_table.md", "suite.png": "suite.png", "toy_kl.png": "toy_kl.png"}
+    for name, copy_name in published.items():
+        if (out / name).exists():
+            shutil.copyfile(out / name, publish / copy_name)
+    print(f"published to {publish}/ ({', '.join(published.values())})")
 
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["--suite"]:
-        if len(argv) != 2:
-            return _fail("usage: evaluate.py --suite SUITE.yaml")
-        return _run_suite(argv[1])
+        if len(argv) not in (2, 3) or (len(argv) == 3 and argv[2] != "--resume"):
+            return _fail("usage: evaluate.py --suite SUITE.yaml [--resume]")
+        return _run_suite(argv[1], resume=len(argv) == 3)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

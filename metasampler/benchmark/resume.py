@@ -28,9 +28,12 @@ from .._version import __version__
 from ..files import CorruptFileError, atomic_write_text, load_checksummed, save_checksummed
 from .run import MethodRun
 
-__all__ = ["FinishedMethods", "ResumeError", "run_key"]
+__all__ = ["RUN_KEY_FILE", "FinishedMethods", "ResumeError", "published_under", "run_key"]
 
 _KEY_FILE = "key.json"
+
+#: The run key a published result directory holds beside its ``results.json``.
+RUN_KEY_FILE = "run_key.json"
 
 
 class ResumeError(ValueError):
@@ -47,6 +50,19 @@ def run_key(config: dict[str, Any], sampler_path: str | os.PathLike | None) -> s
     key = {"config": config, "sampler_sha256": sampler, "torch": torch.__version__,
            "metasampler": __version__}  # fmt: skip
     return json.dumps(key, sort_keys=True, indent=1, default=str)
+
+
+def published_under(directory: str | os.PathLike, key: str) -> dict[str, Any] | None:
+    """The ``results.json`` a published evaluation in ``directory`` holds, where it was
+    published under ``key`` (:data:`RUN_KEY_FILE`) and reads whole; else ``None``."""
+    directory = Path(directory)
+    try:
+        if (directory / RUN_KEY_FILE).read_text() != key:
+            return None
+        summary = json.loads((directory / "results.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return summary if isinstance(summary, dict) and "methods" in summary else None
 
 
 class FinishedMethods:

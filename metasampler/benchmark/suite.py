@@ -311,7 +311,8 @@ def plot_suite(tasks: Mapping[str, Mapping[str, Any]], path: str | Path) -> None
         ):
             ax = axes[row, col]
             means = [e["summary"][metric]["mean"] * scale for e in entries]
-            errors = [np.nan_to_num(e["summary"][metric]["se"]) * scale for e in entries]
+            # (one seed: no standard error)
+            errors = [np.nan_to_num(e["summary"][metric]["se"] or 0.0) * scale for e in entries]
             colors = ["tab:red" if k == LEARNED else "tab:orange" if k == CONSTANT else "tab:gray"
                       for k, _ in keyed]  # fmt: skip
             ax.barh(rows, means, xerr=errors, color=colors)

@@ -645,3 +645,63 @@ def test_an_interrupted_evaluation_resumes_with_the_methods_it_finished(
     # Without --resume nothing stored is used; --resume with nothing stored is refused.
     code, err = _evaluate_main(capsys, *args, "--resume")
     assert code == 2 and "no finished methods" in err
+
+
+def test_an_interrupted_suite_resumes_keeping_what_it_published(tmp_path, capsys, monkeypatch):
+    """``evaluate.py --suite S --resume``: a task published under the same run key and the toy
+    are kept, a task interrupted part way takes back its finished methods, and a task whose
+    config changed runs again."""
+    from metasampler.benchmark import transfer
+
+    sampler = _save_sampler(tmp_path / "sampler.safetensors")
+    run = transfer.MethodBenchmark.run
+    ran: list[str] = []
+
+    def interrupted_at(stop: str | None):
+        def run_or_stop(self):
+            if self.spec.key == stop and "second" in str(self.setting.cfg.name):
+                raise KeyboardInterrupt
+            ran.append(f"{self.setting.cfg.name}:{self.spec.key}")
+            return run(self)
+
+        monkeypatch.setattr(transfer.MethodBenchmark, "run", run_or_stop)
+
+    config = _write_config(tmp_path)
+    suite = tmp_path / "suite.yaml"
+    out = tmp_path / "suite_out"
+
+    def write_suite(first_steps: int) -> None:
+        suite.write_text(
+            f"out_dir: {out}\nseeds: [0]\n"
+            "toy: {sampler: toy_gaussian, eta: 0.025, n_chains: 4, n_steps: 300}\n"
+            "tasks:\n"
+            f"  first: {{config: {config}, overrides: [sampler_path={sampler}, "
+            f"budget.n_steps={first_steps}]}}\n"
+            f"  second: {{config: {config}, overrides: [sampler_path={sampler}]}}\n"
+        )
+
+    write_suite(16)
+    interrupted_at("msgnht")
+    code, _ = _evaluate_main(capsys, "--suite", str(suite))
+    assert code == 1  # the second task was interrupted: left out of the table
+    first = out / "suite_first"
+    published, toy = (first / "results.json").read_bytes(), (out / "toy.json").read_bytes()
+    assert (first / "run_key.json").is_file() and (out / ".suite_second.finished").is_dir()
+
+    ran.clear()
+    interrupted_at(None)
+    code, _ = _evaluate_main(capsys, "--suite", str(suite), "--resume")
+    assert code == 0
+    assert ran == ["suite_second:msgnht", "suite_second:csgld", "suite_second:adam"]
+    assert (first / "results.json").read_bytes() == published
+    assert (out / "toy.json").read_bytes() == toy  # kept, not run again
+    table = (out / "table.md").read_text()
+    assert "| first (" in table and "| second (" in table and "| toy Gaussian (" in table
+
+    # A changed task runs again; the others are kept.
+    ran.clear()
+    write_suite(18)
+    code, _ = _evaluate_main(capsys, "--suite", str(suite), "--resume")
+    assert code == 0
+    assert ran and all(r.startswith("suite_first:") for r in ran)
+    assert json.loads((first / "results.json").read_text())["budget"]["n_steps"] == 18
