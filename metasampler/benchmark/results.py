@@ -91,7 +91,9 @@ def merge_seed_results(summaries: Sequence[Mapping[str, Any]]) -> BenchmarkResul
         seeds_of[key] = sorted(seeds)
         entry = json.loads(json.dumps(parts[0]))
         merged["methods"][key] = entry
-        merged["config"]["methods"][key] = holders[0]["config"]["methods"][key]
+        # (an adapted row, ``<method>_adapted`` with ``tune.mode: both``, has its method's section)
+        section = key if key in holders[0]["config"]["methods"] else key.removesuffix("_adapted")
+        merged["config"]["methods"][section] = holders[0]["config"]["methods"][section]
         if entry.get("error"):
             continue
         per_seed = sorted((r for p in parts for r in p["runs"]), key=lambda r: r["seed"])

@@ -316,6 +316,26 @@ def test_runs_split_by_method_and_seed_merge_into_the_whole_result(tmp_path):
         merge_seed_results([sgld_only, adam_parts[0]])
 
 
+def test_parts_with_adapted_rows_merge(tmp_path):
+    """``tune.mode: both`` gives each sampler a second row, ``<method>_adapted``, whose config
+    section is its method's."""
+    parts = [
+        _small_benchmark(
+            tmp_path,
+            "[0, 1]",
+            "tune.mode=both",
+            "budget.n_steps=110",
+            "budget.burn_in=100",
+            f"methods.{off}.enabled=false",
+        )  # fmt: skip
+        for off in ("adam", "sgld")
+    ]
+    merged = merge_seed_results(parts).summary
+    assert list(merged["methods"]) == ["sgld", "sgld_adapted", "adam"]
+    assert merged["methods"]["sgld_adapted"]["adapted"]  # the per-seed choices
+    assert merged["config"]["methods"]["sgld"]["enabled"]
+
+
 # --------------------------------------------------------------------------------------------
 # Friction tuned with the step (momentum methods)
 # --------------------------------------------------------------------------------------------
