@@ -333,10 +333,10 @@ def _suite_toy(suite: dict, out: Path, resume: bool) -> dict:
     from metasampler.learned.ablation import stored_net_means, with_constant_nets
     from tasks.toy import paper_test_gaussian
 
-    spec = suite["toy"]
-    named = PRETRAINED_DIR / f"{spec['sampler']}.safetensors"
+    toy = suite["toy"]
+    named = PRETRAINED_DIR / f"{toy['sampler']}.safetensors"
     key = run_key(
-        {"toy": spec, "seeds": suite["seeds"]}, named if named.is_file() else spec["sampler"]
+        {"toy": toy, "seeds": suite["seeds"]}, named if named.is_file() else toy["sampler"]
     )
     stored = out / "toy.json"
     if resume and stored.is_file():
@@ -348,13 +348,13 @@ def _suite_toy(suite: dict, out: Path, resume: bool) -> dict:
             print("toy Gaussian: kept from an earlier run of the same config", flush=True)
             return kept["rows"]
     torch.set_num_threads(1)
-    eta = float(spec["eta"])
+    eta = float(toy["eta"])
 
     def learned() -> ms.samplers.Sampler:
-        return ms.load_sampler(spec["sampler"], eta=eta)
+        return ms.load_sampler(toy["sampler"], eta=eta)
 
     def constant() -> ms.samplers.Sampler:
-        return with_constant_nets(learned(), stored_net_means(spec["sampler"]))
+        return with_constant_nets(learned(), stored_net_means(toy["sampler"]))
 
     samplers = {
         "NNSGHMC (meta-trained)": learned,
@@ -363,7 +363,7 @@ def _suite_toy(suite: dict, out: Path, resume: bool) -> dict:
         "mSGNHT-S": lambda: ms.samplers.SGNHT(eta=eta, multivariate=True),
     }
     print(f"toy Gaussian: {len(samplers)} samplers x seeds {suite['seeds']}", flush=True)
-    n_chains, n_steps = int(spec.get("n_chains", 50)), int(spec.get("n_steps", 12_000))
+    n_chains, n_steps = int(toy.get("n_chains", 50)), int(toy.get("n_steps", 12_000))
     rows = toy_rows(samplers, paper_test_gaussian(), suite["seeds"], n_chains, n_steps)
     plot_toy_kl(rows, out / "toy_kl.png")
     stored.write_text(json.dumps({"run_key": key, "rows": rows}, indent=1))
