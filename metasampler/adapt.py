@@ -47,15 +47,18 @@ plain run's chain-steps (short runs with a long burn-in and few chains), the bra
 run four chains instead of eight and, where that is not enough, every round is shortened by
 the same factor and the settle phase takes the rest (**Cost**, below).
 
-The kept samples are then drawn with that fixed kernel: the step and the friction never
-change again; a sampler's own warm-up statistics are fixed by its ``end_warmup`` as in a plain
-run. A sampler with a schedule (cSGHMC's cyclical one, a decay) is searched with constant
-steps, and its base step is set so that the schedule's mean multiplier over the kept run's
-sampling steps times it is the chosen constant step (``AdaptResult.schedule_scale``), but no
-larger than the schedule's peak takes beyond the largest step of the last round that scored
-as well as the best (a cycle's first steps run at the full base step, and a step that merely
-did not diverge in a short trial can still heat the chains over a run); the schedule then
-runs as it would.
+The kept samples are then drawn with that fixed kernel: the step and the friction never change
+again; a sampler's own warm-up statistics are fixed by its ``end_warmup`` as in a plain run,
+and what it restarts in a plain warm-up (NNSGHMC's thermostat) restarts at the same steps here
+(:func:`~metasampler.samplers.base.warmup_restarts`), in every group and chain: from a cold
+start the first rounds' transient fills the thermostat, and without the restarts it would
+overdamp the kept run. A sampler with a schedule (cSGHMC's cyclical one, a decay) is searched
+with constant steps, and its base step is set so that the schedule's mean multiplier over the
+kept run's sampling steps times it is the chosen constant step
+(``AdaptResult.schedule_scale``), but no larger than the schedule's peak takes beyond the
+largest step of the last round that scored as well as the best (a cycle's first steps run at
+the full base step, and a step that merely did not diverge in a short trial can still heat the
+chains over a run); the schedule then runs as it would.
 
 **Groups.** Every group of a round runs a copy of the same trial chains (``max(8, K / G)`` of
 the ``K`` chains, drawn afresh each round) with the same random numbers (noise and
@@ -154,7 +157,7 @@ import torch
 from torch import Tensor
 
 from .integrators import gaussian_like
-from .samplers.base import Sampler, SamplerState, check_finite
+from .samplers.base import Sampler, SamplerState, check_finite, warmup_restarts
 from .samplers.hmc import HMC
 from .schedules import Constant
 from .targets import NonFiniteError, Target
@@ -775,6 +778,7 @@ class _Search:
     friction_name: str | None
     validation: tuple[Tensor, Tensor] | None
     bracket_minimum: int  # chains per bracket group, at least
+    restarts: frozenset[int] = frozenset()  # the warm-up's restart steps (absolute)
     trials: list[Trial] = field(default_factory=list)
     rounds: int = 0
     extra: int = 0  # chain-steps beyond a plain run's so far
@@ -788,6 +792,12 @@ class _Search:
         other = copy.copy(self.sampler)
         setattr(other, self.friction_name, friction)
         return other
+
+    def restarted(self, sampler: Sampler, state: SamplerState) -> SamplerState:
+        """``state`` after its step, restarted where the warm-up restarts (as in a plain
+        run's burn-in: a thermostat that took up a cold start's heat in the first rounds
+        would otherwise overdamp the kept run)."""
+        return sampler.restart_warmup(state) if state.step in self.restarts else state
 
     def trial_chains(self, n_groups: int, minimum: int) -> tuple[Tensor, Tensor]:
         """The chains every group of a round runs a copy of (``max(minimum, K / G)`` of
@@ -890,6 +900,7 @@ class _Search:
         except NonFiniteError as err:
             g.error = str(err)
             return
+        g.state = self.restarted(g.sampler, g.state)
         if g.state.step not in counted:
             return
         if g.heat_stats is not None:
@@ -912,7 +923,7 @@ class _Search:
         try:
             rest = sampler.step(rest, self.target, self.generator)
             check_finite(rest.step, position=rest.theta)
-            return rest
+            return self.restarted(sampler, rest)
         except NonFiniteError:
             fresh = self.sampler.init(self.start_theta[others], self.target, self.generator)
             return replace(fresh, step=step, eta=rest.eta)
@@ -1244,7 +1255,7 @@ class _BurnIn:
         self.search = _Search(
             trial_sampler, target, config, generator, self.n_chains, max(1, kept_steps),
             advance, state.theta.detach().clone(), self.name, _validation_subset(config),
-            bracket_minimum,
+            bracket_minimum, frozenset(state.step + r for r in warmup_restarts(burn_in)),
         )  # fmt: skip
         self.start_eta = float(state.eta)
         self.used = 0  # burn-in steps the rounds ran
@@ -1398,6 +1409,7 @@ class _BurnIn:
         for _ in range(settle):
             state = final.step(state, self.target, self.generator)
             check_finite(state.step, position=state.theta)
+            state = self.search.restarted(final, state)
             if callback is not None:
                 callback(state)
             self.search.advance(1)

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from .adapt import Adapt, AdaptResult, adapt_burn_in, check_adapt
 from .devices import check_device
 from .posterior import to_inference_data
-from .samplers.base import Sampler, SamplerState, check_finite
+from .samplers.base import Sampler, SamplerState, check_finite, warmup_restarts
 from .targets import Target, check_positions
 
 __all__ = ["SampleResult", "sample", "make_generator", "warmup_restarts"]
@@ -254,22 +254,6 @@ def _initial_state(
     if theta.shape[0] != n_chains:
         raise ValueError(f"init has {theta.shape[0]} chains but n_chains={n_chains}")
     return sampler.init(theta, target, generator)
-
-
-#: The first warm-up restart's step; later ones double it.
-FIRST_RESTART = 50
-
-
-def warmup_restarts(burn_in: int) -> list[int]:
-    """The warm-up's restart steps, counted from its start: 50, 100, 200, ... up to half the
-    warm-up (:meth:`Sampler.restart_warmup`). Doubling windows, as Stan's warm-up: the
-    chains' transient is forgotten early, and the last window, at least as long as all before
-    it, settles the state the kept run starts from."""
-    restarts, step = [], FIRST_RESTART
-    while 2 * step <= burn_in:
-        restarts.append(step)
-        step *= 2
-    return restarts
 
 
 def _kept_steps(sampler: Sampler, start: int, n_steps: int, burn_in: int, thin: int) -> list[int]:

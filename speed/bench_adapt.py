@@ -9,8 +9,7 @@ regression`` (``tasks.linear_regression``: an ``nn.Linear(3, 1)`` through
 to 0.07; 16 chains from the module's initialisation; 3,000 steps of which 1,000 are burn-in):
 
 * the grid: one run per step, ``ref * 2**(j/2)`` for ``j = -6 ... 4`` around a reference
-  step (NNSGHMC, whose eager steps cost ten times more: ``ref * 2**j``, ``j = -2 ... 2``),
-  scored by the KL of the Gaussian fitted to the kept samples (steps 2,001-12,000) to
+  step, scored by the KL of the Gaussian fitted to the kept samples (steps 2,001-12,000) to
   the target (:func:`metasampler.diagnostics.gaussian_kl`); the grid-best step and its KL;
 * the adapted run from the reference step (``adapt=True``: the chains alone, no target
   moments): the step it chose, the KL of its kept samples, its wall time against one plain

@@ -24,7 +24,14 @@ from ..schedules import Constant, Schedule
 from ..stepsize import Order, check_step_args, resolve_eta
 from ..targets import Evaluation, NonFiniteError, Target, check_positions
 
-__all__ = ["SamplerState", "Sampler", "check_finite", "check_step_scalars"]
+__all__ = [
+    "FIRST_RESTART",
+    "SamplerState",
+    "Sampler",
+    "check_finite",
+    "check_step_scalars",
+    "warmup_restarts",
+]
 
 
 @dataclass
@@ -200,7 +207,7 @@ class Sampler:
 
     def restart_warmup(self, state: SamplerState) -> SamplerState:
         """The state at a restart of the warm-up (:func:`~metasampler.sample` calls it at the
-        warm-up's restart steps, :func:`~metasampler.sampling.warmup_restarts`): what the
+        warm-up's restart steps, :func:`warmup_restarts`): what the
         sampler accumulates from the chains' start and forgets only slowly, set back to its
         initial value. The burn-in's samples are discarded, so a restart changes no kept
         sample's kernel. The base class accumulates nothing: ``state`` as is."""
@@ -256,3 +263,19 @@ class Sampler:
     def __repr__(self) -> str:
         step = f"eta={self.eta}" if self.eta is not None else f"lr={self.lr}"
         return f"{type(self).__name__}({step}, temperature={self.temperature})"
+
+
+#: The first warm-up restart's step; later ones double it.
+FIRST_RESTART = 50
+
+
+def warmup_restarts(burn_in: int) -> list[int]:
+    """The warm-up's restart steps, counted from its start: 50, 100, 200, ... up to half the
+    warm-up (:meth:`Sampler.restart_warmup`). Doubling windows, as Stan's warm-up: the
+    chains' transient is forgotten early, and the last window, at least as long as all before
+    it, settles the state the kept run starts from."""
+    restarts, step = [], FIRST_RESTART
+    while 2 * step <= burn_in:
+        restarts.append(step)
+        step *= 2
+    return restarts
