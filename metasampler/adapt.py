@@ -352,13 +352,17 @@ class AdaptResult:
         return "\n".join(lines)
 
 
-def check_adapt(adapt: object, sampler: Sampler, target: Target, burn_in: int) -> Adapt | None:
-    """``adapt`` as an :class:`Adapt` (``None`` when off), checked against the run.
+def check_adapt(
+    adapt: object, sampler: Sampler, target: Target, burn_in: int, n_chains: int
+) -> Adapt | None:
+    """``adapt`` as an :class:`Adapt` (``None`` when off), checked against the run; its
+    held-out data checked as the model's own data are (:meth:`BayesianModel.check_data`).
 
     Raises:
         ValueError: ``adapt`` is not a bool or an :class:`Adapt`; the burn-in is shorter than
             :data:`MIN_BURN_IN`; the sampler runs at temperature 0 or adapts its own step
-            (HMC); held-out data for a target that cannot score it.
+            (HMC); the chains-alone criterion with one chain; held-out data for a target that
+            cannot score it, or that the model could not have been given as data.
     """
     if adapt is False or adapt is None:
         return None
@@ -380,12 +384,23 @@ def check_adapt(adapt: object, sampler: Sampler, target: Target, burn_in: int) -
         raise ValueError(
             "adapt is for SG-MCMC samplers; HMC adapts its own step (its target_accept)"
         )
-    if adapt.validation is not None and not callable(getattr(target, "log_likelihood", None)):
+    if adapt.validation is None:
+        if n_chains < 2:
+            raise ValueError(
+                "adapt=True ranks steps by the spread of several chains and needs n_chains >= 2 "
+                "(got 1); run more chains, or rank by held-out data "
+                "(adapt=metasampler.Adapt(validation=(x, y)))"
+            )
+        return adapt
+    if not callable(getattr(target, "log_likelihood", None)):
         raise ValueError(
             "Adapt(validation=(x, y)) needs a target with log_likelihood(theta, x, y) (a "
             f"metasampler.BayesianModel), got {type(target).__name__}; use adapt=True to rank "
             "steps by the chains alone"
         )
+    check_data = getattr(target, "check_data", None)
+    if callable(check_data):  # as the model's own data: a mistake fails here, not mid-run
+        adapt = replace(adapt, validation=check_data(*adapt.validation, name="Adapt(validation)"))
     return adapt
 
 
@@ -608,7 +623,7 @@ class _SteinStats:
     def kl(self, blocks: list[int], halves: tuple[int, ...]) -> float:
         """:func:`stein_kl` of the chains of ``blocks`` over the window's ``halves``."""
         assert self.sums is not None
-        index = torch.tensor(blocks)
+        index = torch.tensor(blocks, dtype=torch.long)
         sums = [s[list(halves)][:, index].sum((0, 1)) for s in self.sums]
         n = sum(self.steps[h] for h in halves) * len(blocks) * self.per_block
         return stein_kl(*sums, n, self.temperature) if n else math.nan

@@ -327,7 +327,7 @@ class BayesianModel:
 
         self.x, self.y = self._prepare_data(data, likelihood)
         self.n_data = int(self.x.shape[0])
-        self._check_data_fits_module()
+        self._check_data_fits_module(self.x, self.y)
         if batch_size is None:
             batch_size = self.n_data
         if int(batch_size) != batch_size or not 1 <= batch_size <= self.n_data:
@@ -365,19 +365,20 @@ class BayesianModel:
             y = y.to(self.device)
         return x.detach(), y.detach()
 
-    def _check_data_fits_module(self) -> None:
+    def _check_data_fits_module(self, x: Tensor, y: Tensor, what: str = "data") -> None:
         """Non-finite data, a feature count the module cannot take and (categorical) labels
         outside its outputs fail here, not as a shape or index error at the first step."""
-        for name, value in (("x", self.x), ("y", self.y)):
+        for name, value in (("x", x), ("y", y)):
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 bad = int((~torch.isfinite(value)).sum())
-                raise ValueError(f"data {name} has {bad} non-finite value(s) of {value.numel()}")
+                raise ValueError(f"{what} {name} has {bad} non-finite value(s) of {value.numel()}")
         try:
             with torch.no_grad():
-                outputs = self.module(self.x[:1])
+                outputs = self.module(x[:1])
         except Exception as err:  # any failure of the module on the data's input shape
+            shape = "(" + ", ".join(["N", *(str(d) for d in x.shape[1:])]) + ")"
             raise ValueError(
-                f"the module cannot take the data's inputs x of shape {self._data_shape()}: "
+                f"the module cannot take the {what}'s inputs x of shape {shape}: "
                 f"{type(err).__name__}: {err}"
             ) from None
         if self.likelihood == "categorical":
@@ -387,11 +388,11 @@ class BayesianModel:
                     f"{type(outputs).__name__} {tuple(getattr(outputs, 'shape', ()))}"
                 )
             n_classes = outputs.shape[-1]
-            low, high = int(self.y.min()), int(self.y.max())
+            low, high = int(y.min()), int(y.max())
             if low < 0 or high >= n_classes:
                 raise ValueError(
-                    f"labels y must be in [0, {n_classes - 1}] (the module has {n_classes} "
-                    f"outputs), got labels in [{low}, {high}]"
+                    f"{what} labels y must be in [0, {n_classes - 1}] (the module has "
+                    f"{n_classes} outputs), got labels in [{low}, {high}]"
                 )
 
     def _check_theta(self, theta: Tensor, name: str = "theta") -> None:
@@ -405,6 +406,27 @@ class BayesianModel:
             raise ValueError(
                 f"{name} is on {theta.device} but the model's data is on {self.device}"
             )
+
+    def check_data(self, x: Tensor, y: Tensor, name: str = "data") -> tuple[Tensor, Tensor]:
+        """``(x, y)`` checked as the model's own data are (tensors of the same length, finite,
+        inputs of the training data's shape that the module takes, categorical labels integers
+        within its outputs) and moved to its device and dtype: held-out data for
+        ``Adapt(validation=...)`` or an evaluation, checked once before a run uses it.
+
+        Raises:
+            ValueError: naming ``name`` and what is wrong.
+        """
+        try:
+            x, y = self._prepare_data((x, y), self.likelihood)
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}") from None
+        if tuple(x.shape[1:]) != tuple(self.x.shape[1:]):
+            raise ValueError(
+                f"{name}: inputs x of shape {tuple(x.shape)}, but the model's data x is "
+                f"{self._data_shape()}"
+            )
+        self._check_data_fits_module(x, y, name)
+        return x, y
 
     def _inputs(self, x: Tensor) -> Tensor:
         return x.to(self.device, dtype=self.dtype if x.is_floating_point() else None)

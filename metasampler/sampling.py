@@ -179,7 +179,7 @@ def sample(
     """
     device = check_device(device)
     _check_arguments(sampler, target, n_chains, n_steps, burn_in, thin, seed, dtype, callback)
-    config = check_adapt(adapt, sampler, target, burn_in)
+    config = check_adapt(adapt, sampler, target, burn_in, n_chains)
     device = _chain_device(init, device)
     generator = make_generator(seed, device)
     state = _initial_state(sampler, target, n_chains, init, generator, device, dtype)

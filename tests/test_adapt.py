@@ -275,6 +275,43 @@ def test_bad_adapt_arguments_name_what_is_wrong(kwargs, message):
         ms.sample(sampler, target, 4, 400, progress=False, **arguments)
 
 
+def test_one_chain_adapts_by_held_out_data_but_not_by_the_chains_alone():
+    # The chains-alone criterion compares the chains' spread with the target's: one chain
+    # has none to compare (it would choose a step that does not move), so it is an error.
+    x, y = _logistic_data(100, 0)
+    model = ms.BayesianModel(torch.nn.Linear(2, 1), (x, y), likelihood="bernoulli", batch_size=25)
+    with pytest.raises(ValueError, match="needs n_chains >= 2"):
+        ms.sample(ms.samplers.SGLD(lr=0.5), model, 1, 400, burn_in=200, adapt=True,
+                  progress=False)  # fmt: skip
+    held_out = Adapt(validation=_logistic_data(50, 1))
+    result = ms.sample(ms.samplers.SGLD(lr=0.5), model, 1, 400, burn_in=200, adapt=held_out,
+                       seed=0, progress=False)  # fmt: skip
+    assert result.theta.shape[1] == 1 and result.adapted.criterion == "validation"
+
+
+def _classifier_data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(n, 2, generator=torch.Generator().manual_seed(0))
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 1).long()  # labels 0, 1, 2
+
+
+@pytest.mark.parametrize(
+    ("validation", "message"),
+    [
+        ((torch.zeros(5, 3), torch.zeros(5, dtype=torch.long)), r"inputs x of shape \(5, 3\)"),
+        ((torch.zeros(5, 2), torch.zeros(5)), "integer labels"),
+        ((torch.zeros(5, 2), torch.full((5,), 3)), r"labels y must be in \[0, 2\]"),
+        ((torch.full((5, 2), float("nan")), torch.zeros(5, dtype=torch.long)), "non-finite"),
+    ],
+)
+def test_held_out_data_is_checked_as_the_model_s_own_data(validation, message):
+    x, y = _classifier_data(100)
+    model = ms.BayesianModel(torch.nn.Linear(2, 3), (x, y), likelihood="categorical",
+                             batch_size=25)  # fmt: skip
+    with pytest.raises(ValueError, match=r"Adapt\(validation\).*" + message):
+        ms.sample(ms.samplers.SGLD(lr=0.5), model, 4, 400, burn_in=200,
+                  adapt=Adapt(validation=validation), progress=False)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
