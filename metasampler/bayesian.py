@@ -394,6 +394,17 @@ class BayesianModel:
                     f"{what} labels y must be in [0, {n_classes - 1}] (the module has "
                     f"{n_classes} outputs), got labels in [{low}, {high}]"
                 )
+        elif self.likelihood in ("bernoulli", "bernoulli_sequence"):
+            # probabilities of a 1 (padding frames of a sequence are -1)
+            valid = (y >= 0) & (y <= 1)
+            if self.likelihood == "bernoulli_sequence":
+                valid |= y == -1
+            if not bool(valid.all()):
+                padding = " or -1 (padding)" if self.likelihood == "bernoulli_sequence" else ""
+                raise ValueError(
+                    f"{what}: {self.likelihood} likelihood needs targets y in [0, 1]{padding}, "
+                    f"got values in [{float(y.min()):g}, {float(y.max()):g}]"
+                )
 
     def _check_theta(self, theta: Tensor, name: str = "theta") -> None:
         check_positions(theta, self.dim, name)

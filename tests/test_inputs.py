@@ -34,6 +34,22 @@ def test_bayesian_model_checks_the_label_range_at_construction(bad, shown):
         ms.BayesianModel(torch.nn.Linear(4, 3), (x, y))
 
 
+@pytest.mark.parametrize(
+    ("likelihood", "bad", "shown"),
+    [("bernoulli", 2.0, r"\[0, 2\]"), ("bernoulli", -0.5, r"\[-0.5, 1\]")],
+)
+def test_bayesian_model_checks_bernoulli_targets_are_probabilities(likelihood, bad, shown):
+    # y log p + (1 - y) log(1 - p) with y outside [0, 1] is no likelihood: the posterior
+    # would be of something else, silently
+    x, y = classifier_data(classes=2)
+    y = y.float()
+    y[3] = bad
+    with pytest.raises(ValueError, match=r"targets y in \[0, 1\], got values in " + shown):
+        ms.BayesianModel(torch.nn.Linear(4, 1), (x, y), likelihood=likelihood)
+    soft = torch.full_like(y, 0.3)  # probabilities are targets too
+    assert ms.BayesianModel(torch.nn.Linear(4, 1), (x, soft), likelihood=likelihood).n_data == 30
+
+
 def test_predictions_and_held_out_scores_check_the_inputs_shape():
     """A logistic regression asked about inputs with another feature count: a ValueError
     naming both shapes, from ``predict`` and from the held-out score adaptation uses."""
