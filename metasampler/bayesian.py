@@ -376,9 +376,8 @@ class BayesianModel:
             with torch.no_grad():
                 outputs = self.module(x[:1])
         except Exception as err:  # any failure of the module on the data's input shape
-            shape = "(" + ", ".join(["N", *(str(d) for d in x.shape[1:])]) + ")"
             raise ValueError(
-                f"the module cannot take the {what}'s inputs x of shape {shape}: "
+                f"the module cannot take the {what}'s inputs x of shape {self._data_shape(x)}: "
                 f"{type(err).__name__}: {err}"
             ) from None
         if self.likelihood == "categorical":
@@ -456,9 +455,11 @@ class BayesianModel:
             )
         return logp
 
-    def _data_shape(self) -> str:
-        """The training inputs' shape with ``N`` for their count, e.g. ``"(N, 784)"``."""
-        return "(" + ", ".join(["N", *(str(d) for d in self.x.shape[1:])]) + ")"
+    def _data_shape(self, x: Tensor | None = None) -> str:
+        """The inputs' shape (default: the training inputs') with ``N`` for their count, e.g.
+        ``"(N, 784)"``."""
+        x = self.x if x is None else x
+        return "(" + ", ".join(["N", *(str(d) for d in x.shape[1:])]) + ")"
 
     def _over_chains(
         self, fn: Callable[..., Tensor], theta: Tensor, x: Tensor, *rest: Tensor
