@@ -9,8 +9,10 @@ outputs and the prior ``p(theta) = N(0, prior_std^2 I)`` (docs/METHOD.md §1)::
 
 ``theta`` is the flat vector of all the module's parameters, in ``module.named_parameters()``
 order (the order of ``torch.nn.utils.parameters_to_vector``). ``K`` chains are evaluated at
-once: :func:`torch.func.functional_call` is vmapped over the rows of a ``(K, D)`` tensor,
-with the minibatch shared by all chains; the likelihood part of ``grad Ũ`` is obtained by one
+once: :func:`torch.func.functional_call` is vmapped over the rows of a ``(K, D)`` tensor
+(for a module ``vmap`` has no batching rule for, such as ``nn.GRU``, ``nn.LSTM`` and
+``nn.RNN``, chain by chain: the same numbers, ``K`` calls), with the minibatch shared by all
+chains; the likelihood part of ``grad Ũ`` is obtained by one
 reverse-mode pass through its sum over chains (chains are independent, so this is every
 chain's gradient) and the prior's ``theta / prior_std^2`` is added in closed form.
 
@@ -249,6 +251,8 @@ class BayesianModel:
         module: any ``nn.Module`` mapping a batch of inputs ``(B, ...)`` to outputs
             ``(B, ...)``; deterministic in ``eval()`` mode. Its current parameter values are
             not used by :meth:`evaluate` (they are ``theta``), only its structure and buffers.
+            A module :func:`torch.func.vmap` cannot batch (``nn.GRU``, ``nn.LSTM``,
+            ``nn.RNN``) runs its chains one by one, with a warning.
         data: ``(x, y)`` tensors or a ``TensorDataset`` of two tensors, same first dimension
             ``N``. Floating ``x`` is cast to ``dtype``; ``y`` to ``dtype`` for the gaussian and
             bernoulli likelihoods and to ``long`` for the categorical one.
@@ -328,6 +332,7 @@ class BayesianModel:
         self.x, self.y = self._prepare_data(data, likelihood)
         self.n_data = int(self.x.shape[0])
         self._check_data_fits_module(self.x, self.y)
+        self._vmap = self._vmap_works()
         if batch_size is None:
             batch_size = self.n_data
         if int(batch_size) != batch_size or not 1 <= batch_size <= self.n_data:
@@ -461,6 +466,32 @@ class BayesianModel:
         x = self.x if x is None else x
         return "(" + ", ".join(["N", *(str(d) for d in x.shape[1:])]) + ")"
 
+    def _vmap_works(self) -> bool:
+        """Whether :func:`torch.func.vmap` can batch the module over chains; where it cannot
+        (no batching rule, e.g. ``nn.GRU``, ``nn.LSTM``, ``nn.RNN``), a warning, and the
+        chains run one by one."""
+        theta = self.spec.flatten(dict(self.module.named_parameters())).detach()
+        try:
+            with torch.no_grad():
+                vmap(self._forward_one, in_dims=(0, None))(theta.expand(2, -1), self.x[:1])
+        except RuntimeError as err:
+            if "batching rule" not in str(err).lower():
+                raise
+            warnings.warn(
+                f"torch.func.vmap cannot batch this module over chains ({err}); its K chains "
+                "run one by one (the same results, K times the calls)",
+                stacklevel=3,
+            )
+            return False
+        return True
+
+    def _batched(self, fn: Callable[..., Tensor], n_rest: int) -> Callable[..., Tensor]:
+        """``fn(flat, *data)`` over the rows of ``(K, D)`` chains, the data shared:
+        vmapped, or chain by chain where the module cannot be vmapped."""
+        if self._vmap:
+            return vmap(fn, in_dims=(0, *(None for _ in range(n_rest))))
+        return lambda theta, *data: torch.stack([fn(flat, *data) for flat in theta])
+
     def _over_chains(
         self, fn: Callable[..., Tensor], theta: Tensor, x: Tensor, *rest: Tensor
     ) -> Tensor:
@@ -468,7 +499,7 @@ class BayesianModel:
         shaped unlike the model's data, a ``ValueError`` saying so (not a shape error from
         inside the module)."""
         try:
-            return vmap(fn, in_dims=(0, None, *(None for _ in rest)))(theta, x, *rest)
+            return self._batched(fn, 1 + len(rest))(theta, x, *rest)
         except RuntimeError as err:
             if tuple(x.shape[1:]) == tuple(self.x.shape[1:]):
                 raise
@@ -621,7 +652,7 @@ class BayesianModel:
     ) -> tuple[Tensor, Tensor]:
         """``-scale sum log p(y | x, theta)`` and its gradient, autograd through the network
         only (the Gaussian prior's terms are closed-form)."""
-        batched = vmap(self._loglik_one, in_dims=(0, None, None))
+        batched = self._batched(self._loglik_one, 2)
         return energy_and_grad(lambda th: -scale * batched(th, x, y).sum(-1), theta, create_graph)
 
     def energy(self, theta: Tensor, chunk_size: int | None = None) -> Tensor:
@@ -630,7 +661,7 @@ class BayesianModel:
         grad mode is on (wrap in ``torch.no_grad()`` for evaluation)."""
         self._check_theta(theta)
         chunk = self._chunk(chunk_size)
-        batched = vmap(self._loglik_one, in_dims=(0, None, None))
+        batched = self._batched(self._loglik_one, 2)
         loglik = theta.new_zeros(theta.shape[0])
         for start in range(0, self.n_data, chunk):
             sl = slice(start, start + chunk)

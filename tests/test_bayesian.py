@@ -85,6 +85,39 @@ def test_classifier_energy_and_grad_match_module_loop():
     assert not ev.energy.requires_grad and not ev.grad.requires_grad
 
 
+class LastStep(nn.Module):
+    """A recurrent classifier: ``torch.func.vmap`` has no batching rule for ``nn.GRU``,
+    ``nn.LSTM`` or ``nn.RNN``."""
+
+    def __init__(self, cell: type[nn.RNNBase]) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.rnn, self.head = cell(5, 4, batch_first=True), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM, nn.RNN])
+def test_a_module_vmap_cannot_batch_runs_chain_by_chain_with_the_same_numbers(cell):
+    net = LastStep(cell)
+    x = torch.randn(24, 6, 5, generator=gen(4), dtype=F64)
+    y = torch.randint(0, 3, (24,), generator=gen(5))
+    with pytest.warns(UserWarning, match="its K chains run one by one"):
+        model = BayesianModel(net, (x, y), "categorical", prior_std=0.7, batch_size=8, dtype=F64)
+    theta = model.init_positions(3, gen(0))
+    ev = model.evaluate(theta, gen(3))
+    xb, yb = batch_of(model, 3, 24, 8)
+    ref_e, ref_g = loop_reference(
+        net, theta, xb, yb, lambda o, t: F.cross_entropy(o, t, reduction="sum"), 24, 0.7
+    )
+    torch.testing.assert_close(ev.energy, ref_e, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(ev.grad, ref_g, rtol=1e-12, atol=1e-10)
+    assert model.forward(theta, x[:5]).shape == (3, 5, 3)
+    assert model.log_likelihood(theta, x[:5], y[:5]).shape == (3, 5)
+    assert model.energy(theta).shape == (3,)
+
+
 @pytest.mark.parametrize("y_shape", ["flat", "column"])
 def test_regression_energy_and_grad_match_module_loop(y_shape):
     net, (x, y) = regressor(), reg_data()
