@@ -110,8 +110,8 @@ def _check_arguments(
         raise ValueError(f"burn_in ({burn_in}) must be < n_steps ({n_steps}), else no sample")
     if seed is not None and not (_is_int(seed) and _SEED_RANGE[0] <= seed <= _SEED_RANGE[1]):
         raise ValueError(f"seed must be None or an integer in [-2**63, 2**64 - 1], got {seed!r}")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be None or a floating torch dtype, got {dtype!r}")
     if callback is not None and not callable(callback):
         raise ValueError(f"callback must be callable or None, got {type(callback).__name__}")
 
@@ -128,7 +128,7 @@ def sample(
     seed: int | None = None,
     progress: bool = True,
     device: torch.device | str | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     callback: Callable[[SamplerState], None] | None = None,
     store: bool = True,
     adapt: bool | Adapt = False,
@@ -151,7 +151,8 @@ def sample(
         thin: keep every ``thin``-th step after burn-in.
         seed: seeds the one generator that drives initialisation, noise and minibatches.
         progress: show a progress bar.
-        device, dtype: where the chains live (default: ``init``'s device, else CPU).
+        device, dtype: where the chains live (default: ``init``'s device, else CPU) and their
+            floating type (default: the target's, e.g. a ``BayesianModel``'s, else float32).
         callback: called with the state after every step (e.g. streaming evaluation).
         store: keep samples in memory (turn off when a callback consumes them).
         adapt: choose the step (and, for momentum samplers, the friction) during the burn-in,
@@ -182,6 +183,7 @@ def sample(
     config = check_adapt(adapt, sampler, target, burn_in, n_chains)
     device = _chain_device(init, device)
     generator = make_generator(seed, device)
+    dtype = dtype or _target_dtype(target)
     state = _initial_state(sampler, target, n_chains, init, generator, device, dtype)
     kept_steps = _kept_steps(sampler, state.step, n_steps, burn_in, thin)
     if store and not kept_steps:
@@ -229,6 +231,13 @@ def _chain_device(
     return torch.device(device or "cpu")
 
 
+def _target_dtype(target: Target) -> torch.dtype:
+    """The target's floating type where it has one (a ``BayesianModel``'s), else float32."""
+    dtype = getattr(target, "dtype", None)
+    ok = isinstance(dtype, torch.dtype) and dtype.is_floating_point
+    return dtype if ok else torch.float32
+
+
 def _initial_state(
     sampler: Sampler,
     target: Target,
@@ -242,6 +251,10 @@ def _initial_state(
     else the sampler's initial state at the checked start positions."""
     if isinstance(init, SamplerState):
         check_positions(init.theta, target.dim, "init.theta")
+        if init.theta.shape[0] != n_chains:
+            raise ValueError(
+                f"init (a state) has {init.theta.shape[0]} chains but n_chains={n_chains}"
+            )
         return init
     if init is None:
         theta = torch.randn((n_chains, target.dim), generator=generator, device=device, dtype=dtype)

@@ -71,6 +71,16 @@ def test_bayesian_model_accepts_good_data():
     assert result.theta.shape == (3, 2, 15)
 
 
+def test_chains_take_the_model_s_dtype_and_a_continued_state_its_chain_count():
+    x, y = classifier_data()
+    model = ms.BayesianModel(torch.nn.Linear(4, 3).double(), (x.double(), y), batch_size=10)
+    first = ms.sample(SGLD(lr=1e-3), model, 2, 3, seed=0, progress=False)  # no dtype given
+    assert first.theta.dtype == torch.float64
+    with pytest.raises(ValueError, match=r"init \(a state\) has 2 chains but n_chains=3"):
+        ms.sample(SGLD(lr=1e-3), model, 3, 3, init=first.final_state, progress=False)
+    assert ms.sample(SGLD(lr=1e-3), target(), 2, 3, progress=False).theta.dtype == torch.float32
+
+
 BAD_SAMPLE_ARGS = [
     (dict(n_steps=None), "n_steps must be an integer"),
     (dict(n_steps=True), "n_steps must be an integer"),
@@ -85,7 +95,7 @@ BAD_SAMPLE_ARGS = [
     (dict(seed=2**64), "seed must be None or an integer"),
     (dict(seed=-(2**63) - 1), "seed must be None or an integer"),
     (dict(seed=1.5), "seed must be None or an integer"),
-    (dict(dtype=torch.int64), "dtype must be a floating"),
+    (dict(dtype=torch.int64), "dtype must be None or a floating"),
     (dict(callback=3), "callback must be callable"),
     (dict(sampler=object()), "sampler must be a metasampler sampler"),
     (dict(sampler="SGLD"), "sampler must be a metasampler sampler"),
