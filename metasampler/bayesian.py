@@ -470,7 +470,7 @@ class BayesianModel:
         """Whether :func:`torch.func.vmap` can batch the module over chains; where it cannot
         (no batching rule, e.g. ``nn.GRU``, ``nn.LSTM``, ``nn.RNN``), a warning, and the
         chains run one by one."""
-        theta = self.spec.flatten(dict(self.module.named_parameters())).detach()
+        theta = flatten_params(self.module)
         try:
             with torch.no_grad():
                 vmap(self._forward_one, in_dims=(0, None))(theta.expand(2, -1), self.x[:1])
