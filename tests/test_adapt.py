@@ -1,5 +1,5 @@
 """``ms.sample(..., adapt=True)``: the burn-in chooses the step (and friction) and the kept
-samples come from that fixed kernel (metasampler/adapt.py)."""
+samples come from that fixed kernel (metasampler/adapt/)."""
 
 from __future__ import annotations
 
@@ -331,14 +331,14 @@ def test_bad_adapt_options_name_what_is_wrong(kwargs, message):
 
 
 def test_heat_is_the_kl_of_the_kinetic_temperature_and_unbiased_at_the_target():
-    from metasampler.adapt import _HeatStats
+    from metasampler.adapt.criteria import HeatStats
 
     g = torch.Generator().manual_seed(0)
 
     def heat(t: float, replicates: int = 200) -> list[float]:
         values = []
         for _ in range(replicates):
-            stats = _HeatStats(n_blocks=8, per_block=2, temperature=1.0)
+            stats = HeatStats(n_blocks=8, per_block=2, temperature=1.0)
             for _ in range(50):  # 16 chains, 20 coordinates, momenta N(0, t)
                 stats.update(math.sqrt(t) * torch.randn(16, 20, generator=g))
             values.append(stats.score()[0])
@@ -357,7 +357,8 @@ def test_a_lower_friction_that_runs_hotter_is_not_taken():
     mixes faster in a trial but heats the kept chains (its KL at 12,000 steps is 40 %
     higher, speed/bench_adapt.py): the friction round measures that heat, and a lower
     friction that scores clearly better is still refused where its momenta run hotter."""
-    from metasampler.adapt import _chosen_friction, _Group
+    from metasampler.adapt.choice import chosen_friction
+    from metasampler.adapt.groups import Group
     from tasks.toy import paper_test_gaussian
 
     task = paper_test_gaussian(seed=0)
@@ -374,21 +375,21 @@ def test_a_lower_friction_that_runs_hotter_is_not_taken():
         """A round where friction 0.5 scores clearly best (every block 0.3 lower)."""
         made = []
         for friction, score, heat in ((0.5, 1.0, lower_heat), (1.0, 1.3, 0.2), (2.0, 1.6, 0.1)):
-            group = _Group(0.1, friction, None, None, None, None, score=score, heat=heat)
+            group = Group(0.1, friction, None, None, None, None, score=score, heat=heat)
             group.leave_out = [score + 0.01 * j for j in range(8)]
             group.heat_leave_out = [heat] * 8
             made.append(group)
         return made
 
-    assert _chosen_friction(groups(lower_heat=0.5), 1.0) == 1.0  # hotter: refused
-    assert _chosen_friction(groups(lower_heat=0.1), 1.0) == 0.5  # no hotter: taken
+    assert chosen_friction(groups(lower_heat=0.5), 1.0) == 1.0  # hotter: refused
+    assert chosen_friction(groups(lower_heat=0.1), 1.0) == 0.5  # no hotter: taken
 
 
 def test_momenta_are_drawn_afresh_so_the_trials_heat_does_not_reach_the_kept_run(monkeypatch):
     """SGHMC with a friction so low that its momenta keep their energy through the burn-in:
     the trial rounds' steps (up to 256 times the start) leave the momenta hot unless they
     are drawn afresh from N(0, T) for each round and for the chosen kernel."""
-    import metasampler.adapt as adapt_module
+    from metasampler.adapt import burn_in, rounds
 
     target, _, _ = _gaussian()
 
@@ -403,7 +404,8 @@ def test_momenta_are_drawn_afresh_so_the_trials_heat_does_not_reach_the_kept_run
         return temperatures
 
     assert max(kinetic_temperatures()) < 3.0
-    monkeypatch.setattr(adapt_module, "_refreshed", lambda state, sampler, seed: state)
+    for module in (rounds, burn_in):  # every use of the momenta drawn afresh
+        monkeypatch.setattr(module, "refreshed", lambda state, sampler, seed: state)
     assert min(kinetic_temperatures()) > 4.0
 
 
@@ -424,39 +426,40 @@ def test_a_thermostat_s_momenta_are_not_judged_by_their_kinetic_temperature():
 
 
 def test_only_momenta_with_a_known_stationary_law_are_drawn_afresh():
-    from metasampler.adapt import _refreshed
+    from metasampler.adapt.chains import refreshed
 
     target, _, _ = _gaussian()
     theta = torch.zeros(2000, D)
     hot = ms.samplers.SGHMC(eta=0.1, temperature=2.0).init(theta, target)
     hot.momentum = hot.momentum * 10.0
-    fresh = _refreshed(hot, ms.samplers.SGHMC(eta=0.1, temperature=2.0), seed=0)
+    fresh = refreshed(hot, ms.samplers.SGHMC(eta=0.1, temperature=2.0), seed=0)
     assert float(fresh.momentum.var()) == pytest.approx(2.0, rel=0.05)
     assert fresh.theta is hot.theta
     learned = ms.NNSGHMC(eta=0.1, compile=False)
     state = learned.init(theta[:4], target)
-    assert _refreshed(state, learned, seed=0) is state
+    assert refreshed(state, learned, seed=0) is state
 
 
 def test_a_step_whose_momenta_run_further_from_t_than_the_tolerance_is_not_chosen():
-    from metasampler.adapt import KINETIC_TOLERANCE, _best, _choose, _Group
+    from metasampler.adapt.choice import KINETIC_TOLERANCE, best_group, choose
+    from metasampler.adapt.groups import Group
 
-    def group(eta: float, score: float, kinetic: float | None) -> _Group:
-        g = _Group(eta, None, None, None, None, None)  # type: ignore[arg-type]
+    def group(eta: float, score: float, kinetic: float | None) -> Group:
+        g = Group(eta, None, None, None, None, None)  # type: ignore[arg-type]
         g.score, g.leave_out, g.kinetic = score, [score] * 4, kinetic
         return g
 
     hot, cold = 1.0 + 2 * KINETIC_TOLERANCE, 1.0 - 3 * KINETIC_TOLERANCE
     groups = [group(0.5, 3.0, 1.0), group(1.0, 2.0, 1.05), group(2.0, 1.0, hot)]
-    assert _best(groups).eta == 1.0  # the best score runs hot: the next best is chosen
-    assert _choose(groups, "eta") == (1.0, False)
+    assert best_group(groups).eta == 1.0  # the best score runs hot: the next best is chosen
+    assert choose(groups, "eta") == (1.0, False)
     # momenta far colder than T are as far from the target's law: not chosen either
     far_cold = [group(0.5, 3.0, 0.95), group(1.0, 2.0, 0.9), group(2.0, 1.0, cold)]
-    assert _best(far_cold).eta == 1.0
+    assert best_group(far_cold).eta == 1.0
     unmeasured = [group(0.5, 3.0, None), group(1.0, 2.0, None), group(2.0, 1.0, None)]
-    assert _best(unmeasured).eta == 2.0  # the bracket's groups, and samplers without momenta
+    assert best_group(unmeasured).eta == 2.0  # the bracket's groups, and samplers without momenta
     all_hot = [group(1.0, 2.0, hot + 0.5), group(2.0, 1.0, hot + 5.0)]
-    assert _best(all_hot).eta == 1.0  # the closest to T, where every group is far from it
+    assert best_group(all_hot).eta == 1.0  # the closest to T, where every group is far from it
 
 
 @pytest.mark.parametrize("extra_cost", [0.2, 0.4])
