@@ -35,8 +35,8 @@ def test_readme_own_model_path_runs_from_an_empty_directory(tmp_path):
     only the ``metasampler`` package is importable (no ``pretrained/``, ``tasks/`` or
     ``research/`` beside it), a shipped sampler loaded by name whose step is adapted during the
     burn-in, predictions, a summary, an ArviZ InferenceData whose ESS agrees with the
-    summary's, the short run that warns, and the logistic regression adapted on held-out
-    data whose summary watches its parameters."""
+    summary's, the short run that warns, and the logistic regression adapted from the chains
+    alone whose summary watches its parameters."""
     pytest.importorskip("arviz")
     pytest.importorskip("sklearn")
     main, *rest = _python_blocks(_section(OWN_MODEL_HEADING))

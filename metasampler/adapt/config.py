@@ -29,9 +29,11 @@ class Adapt:
 
     Args:
         validation: held-out ``(x, y)`` of a :class:`~metasampler.BayesianModel`: rank steps
-            by the negative log posterior-predictive probability of ``y`` (predictive NLL).
-            ``None``: rank them by the chains alone (the Stein estimate of the KL of the
-            chains' Gaussian fit, :func:`stein_kl`; docs/METHOD.md §7).
+            by the negative log posterior-predictive probability of ``y`` (predictive NLL),
+            which aims at prediction (networks). ``None``: rank them by the chains alone
+            (the Stein estimate of the KL of the chains' Gaussian fit, :func:`stein_kl`;
+            docs/METHOD.md §7), which aims at the posterior (a model whose parameters are
+            read, such as a regression).
         friction: also choose the friction of samplers that have one (SGHMC's ``friction``,
             SGNHT's ``diffusion``): a round at the chosen step with 1/2, 1 and 2 times it, and
             rounds further out while an end of the last one is clearly best.
