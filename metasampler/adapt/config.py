@@ -220,7 +220,9 @@ def check_adapt(
         )
     if isinstance(sampler, HMC):
         raise ValueError(
-            "adapt is for SG-MCMC samplers; HMC adapts its own step (its target_accept)"
+            "adapt is for SG-MCMC samplers; HMC adapts its own step towards its target_accept "
+            "during its first adapt_trajectories trajectories (HMC(adapt_trajectories=N), 0 by "
+            "default: a fixed step); discard them as burn-in"
         )
     if adapt.validation is None:
         if n_chains < 2:
