@@ -32,24 +32,29 @@ class RunLogger:
             self._rows = csv.writer(self._csv)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
+        """Log ``value`` under ``tag`` at ``step`` (TensorBoard and ``scalars.csv``)."""
         if self._writer is not None:
             self._writer.add_scalar(tag, value, step)
             self._rows.writerow([tag, step, value])
             self._csv.flush()
 
     def histogram(self, tag: str, values: torch.Tensor, step: int) -> None:
+        """Log the histogram of ``values`` under ``tag`` at ``step`` (TensorBoard)."""
         if self._writer is not None:
             self._writer.add_histogram(tag, values.detach().cpu(), step)
 
     def figure(self, tag: str, figure, step: int) -> None:
+        """Log a matplotlib ``figure`` under ``tag`` at ``step`` (TensorBoard; closes it)."""
         if self._writer is not None:
             self._writer.add_figure(tag, figure, step, close=True)
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
+        """Log ``text`` under ``tag`` (TensorBoard)."""
         if self._writer is not None:
             self._writer.add_text(tag, text, step)
 
     def close(self) -> None:
+        """Flush and close the TensorBoard writer and the CSV file (idempotent)."""
         if self._writer is not None:
             self._writer.close()
             self._csv.close()

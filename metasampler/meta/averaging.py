@@ -50,6 +50,7 @@ class NetAverage:
         return self.averaged.module
 
     def state_dict(self) -> dict[str, Any] | None:
+        """The running mean and its start epoch, for a checkpoint (``None`` before it starts)."""
         if self.averaged is None:
             return None
         return {"started_at": self.started_at, "mean": self.averaged.state_dict()}

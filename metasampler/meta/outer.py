@@ -86,9 +86,11 @@ class MetaOptimizer:
         return True
 
     def state_dict(self) -> dict:
+        """The Adam state, for a checkpoint."""
         return self.adam.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the Adam state from :meth:`state_dict`."""
         self.adam.load_state_dict(state)
 
 
