@@ -37,6 +37,7 @@ from . import diagnostics
 from .bayesian import BayesianModel, ParamSpec
 
 __all__ = [
+    "APART_THRESHOLD",
     "ConvergenceWarning",
     "Summary",
     "WATCH_CHOICES",
@@ -55,6 +56,10 @@ _LOG_CONCAVE = ("categorical", "gaussian", "bernoulli", "bernoulli_sequence")
 #: example), which exceeds Vehtari et al.'s (2021) stricter 1.01 by chance alone in runs of a
 #: few hundred draws; pass ``rhat_threshold=1.01`` for final results.
 RHAT_THRESHOLD = 1.1
+
+#: A chain stands apart when its mean of a quantity is more than this many within-chain
+#: standard deviations (the chains' median) from the median of the chains' means.
+APART_THRESHOLD = 5.0
 
 
 class SampleResult(Protocol):
@@ -81,6 +86,10 @@ class Summary:
             summarised inputs (``None`` for targets that are not a ``BayesianModel``).
         n_draws, n_chains: samples per chain and chains.
         watched: ``"predictions"`` or ``"parameters"``: which R-hat the warning looks at.
+        apart: the chains whose mean of the watched quantity with the largest R-hat stands
+            apart from the others' (:data:`APART_THRESHOLD` within-chain standard deviations
+            from their median; a chain stuck where the others left, for instance), when they
+            are fewer than half the chains; empty otherwise.
     """
 
     param_ess: np.ndarray
@@ -90,6 +99,7 @@ class Summary:
     n_draws: int
     n_chains: int
     watched: str
+    apart: tuple[int, ...] = ()
 
     @property
     def max_rhat(self) -> float:
@@ -112,6 +122,8 @@ class Summary:
         ]
         if self.pred_ess is not None and self.pred_rhat is not None:
             lines.append(row("predictions", self.pred_ess, self.pred_rhat))
+        if self.apart:
+            lines.append(f"chains apart from the others: {', '.join(map(str, self.apart))}")
         return "\n".join(lines)
 
 
@@ -187,6 +199,9 @@ def summary(
             target.likelihood in _LOG_CONCAVE and outputs_affine_in_parameters(target, theta, x)
         )
         watch = "parameters" if identified else "predictions"
+    watched = (theta if watch == "parameters" else per_quantity).detach().double().cpu()
+    rhat = param_rhat if watch == "parameters" else pred_rhat.ravel()
+    worst = int(np.nanargmax(rhat)) if np.isfinite(rhat).any() else None
     report = Summary(
         param_ess,
         param_rhat,
@@ -195,19 +210,40 @@ def summary(
         n_draws=theta.shape[0],
         n_chains=theta.shape[1],
         watched=watch,
+        apart=() if worst is None else _chains_apart(watched[:, :, worst]),
     )
     if warn and report.max_rhat > rhat_threshold:
         where = ""
-        if watch == "parameters" and is_model and np.isfinite(param_rhat).any():
-            where = f" (largest for {_parameter_name(target.spec, int(np.nanargmax(param_rhat)))})"
+        if watch == "parameters" and is_model and worst is not None:
+            where = f" (largest for {_parameter_name(target.spec, worst)})"
+        apart = ""
+        if report.apart:
+            chains = ", ".join(str(k) for k in report.apart)
+            apart = (
+                f"; chain{'s' if len(report.apart) > 1 else ''} {chains} stand"
+                f"{'' if len(report.apart) > 1 else 's'} apart from the others (Summary.apart)"
+            )
         warnings.warn(
             f"R-hat of the {report.watched} is up to {report.max_rhat:.2f} (> "
             f"{rhat_threshold}){where}: the {report.n_chains} chains have not converged to the "
-            "same distribution; run longer (more steps or burn-in) before trusting the results",
+            f"same distribution{apart}; run longer (more steps or burn-in) before trusting the "
+            "results",
             ConvergenceWarning,
             stacklevel=2,
         )
     return report
+
+
+def _chains_apart(series: Tensor) -> tuple[int, ...]:
+    """The chains of ``series`` ``(S, K)`` whose mean is more than :data:`APART_THRESHOLD`
+    within-chain standard deviations from the median of the chains' means, when fewer than
+    half the chains are (where most disagree, no chain is the odd one out)."""
+    means, sds = series.mean(0), series.std(0)
+    scale = float(sds.median())
+    if not scale > 0:
+        return ()
+    far = ((means - means.median()).abs() / scale > APART_THRESHOLD).nonzero().ravel()
+    return tuple(int(k) for k in far) if 2 * len(far) < series.shape[1] else ()
 
 
 def outputs_affine_in_parameters(

@@ -144,6 +144,28 @@ def test_summary_warns_on_disagreeing_chains_and_not_on_agreeing_ones():
         ms.summary(None)  # e.g. a run's result lost to a function that returned nothing
 
 
+def test_the_warning_names_the_chains_that_stand_apart():
+    """A chain stuck away from the others (still in its transient when the burn-in ended, for
+    instance) is named, so that a user sees which chain to look at; where every chain sits
+    apart, none is the odd one out and none is named."""
+    gen = torch.Generator().manual_seed(3)
+    target = ms.EnergyTarget(lambda t: 0.5 * (t * t).sum(-1), dim=3)
+    theta = torch.randn(400, 8, 3, generator=gen)
+    theta[:, 5, 1] += 10.0
+    with pytest.warns(ms.ConvergenceWarning, match="chain 5 stands apart from the others"):
+        report = ms.summary(_result(theta, target))
+    assert report.apart == (5,)
+    theta[:, 2, 1] -= 10.0
+    assert ms.summary(_result(theta, target), warn=False).apart == (2, 5)
+    spread = torch.randn(400, 8, 3, generator=gen) + 10.0 * torch.arange(8.0).view(1, 8, 1)
+    with pytest.warns(ms.ConvergenceWarning) as caught:
+        report = ms.summary(_result(spread, target))
+    assert report.apart == () and "apart" not in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ms.summary(_result(torch.randn(400, 8, 3, generator=gen), target)).apart == ()
+
+
 def test_summary_of_a_network_watches_the_predictions_not_the_unidentified_weights():
     gen = torch.Generator().manual_seed(1)
     x = torch.linspace(-2, 2, 9).unsqueeze(-1)
