@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import re
+import shlex
+import sys
 from pathlib import Path
 
 import torch
@@ -20,6 +24,15 @@ def write_section(path: Path, section: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block
     path.write_text(text)
+
+
+def provenance(module: str, argv: list[str] | None, threads: int) -> str:
+    """How a table was made: threads, torch, the CPU, cores and the command that reruns it."""
+    command = f"python -m {module} " + shlex.join(argv if argv is not None else sys.argv[1:])
+    return (
+        f"{threads} thread(s); torch {torch.__version__}, {platform.processor() or '?'}, "
+        f"{os.cpu_count()} cores; `{command.strip()}`."
+    )
 
 
 def toy_gaussian(n_chains: int, dim: int = 20) -> tuple[ms.EnergyTarget, torch.Tensor]:

@@ -19,9 +19,6 @@ Usage, from the repository root::
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import shlex
 import sys
 import time
 
@@ -32,6 +29,7 @@ import metasampler as ms
 from experiments.benchmark_config import load_benchmark_config
 from metasampler.benchmark.methods import METHODS
 from metasampler.benchmark.protocol import MethodFactory
+from speed._common import provenance
 from tasks.registry import build_problem
 
 #: The benchmark suite's budget for the MNIST tasks (configs/suite.yaml).
@@ -103,15 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(row, flush=True)
         rows.append(row)
-    command = "python -m speed.bench_adapt_cost " + shlex.join(
-        argv if argv is not None else sys.argv[1:]
-    )
     print(
         f"\n{problem.name}; {budget.n_chains} chains x {budget.n_steps} steps, burn-in "
         f"{budget.burn_in}; extra_cost {args.extra_cost}; seed {args.seed}; "
-        f"{args.threads} thread(s); torch "
-        f"{torch.__version__}, {platform.processor() or '?'}, {os.cpu_count()} cores; "
-        f"`{command.strip()}`.\n\n"
+        f"{provenance('speed.bench_adapt_cost', argv, args.threads)}\n\n"
         "| sampler | adapted eta | adapted run | plain run at that kernel | ratio |\n"
         "|---|---:|---:|---:|---:|\n" + "\n".join(rows)
     )

@@ -19,9 +19,6 @@ Usage, from the repository root::
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import shlex
 import statistics
 import sys
 import warnings
@@ -29,6 +26,7 @@ import warnings
 import torch
 
 import metasampler as ms
+from speed._common import provenance
 from tasks.logistic_regression import logistic_regression
 
 #: name -> the sampler at a user's first step (``lr``, the per-batch learning rate)
@@ -84,14 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(row, flush=True)
             rows.append(row)
-    command = "python -m speed.bench_adapt_criteria " + shlex.join(
-        argv if argv is not None else sys.argv[1:]
-    )
     print(
         f"\nBayesian logistic regression (3 inputs, 300 examples, minibatch 100), "
         f"{N_CHAINS} chains x {N_STEPS} steps, burn-in {BURN_IN}; seeds {args.seeds}; "
-        f"{args.threads} thread(s); torch {torch.__version__}, {platform.processor() or '?'}, "
-        f"{os.cpu_count()} cores; `{command.strip()}`.\n\n"
+        f"{provenance('speed.bench_adapt_criteria', argv, args.threads)}\n\n"
         "| sampler | criterion | adapted eta (per seed) | KL to HMC (per seed) | test NLL |\n"
         "|---|---|---|---|---:|\n" + "\n".join(rows)
     )

@@ -28,8 +28,8 @@ from .config import FRICTION_ATTRIBUTES, Adapt, AdaptResult
 from .groups import Group
 from .rounds import MIN_BRACKET_CHAINS, MIN_TRIAL_CHAINS, Search, trial_size
 
-_BRACKET_RATIO = 4.0
-_MAX_BRACKET_MOVES = 2
+_BRACKET_RATIO = 4.0  # the bracket's groups are this factor apart
+_MAX_BRACKET_MOVES = 2  # times the bracket moves to an end that scored best
 _MAX_MOVES = 3  # rounds beyond the friction round and the last step round, each
 
 

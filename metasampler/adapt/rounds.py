@@ -20,8 +20,12 @@ from .config import Adapt, Trial
 from .criteria import BLOCKS, HeatStats, SteinStats, ValidationStats, jackknife_se
 from .groups import Group
 
+#: Chains each group of a round runs at least (all ``K`` where there are fewer): fewer rank
+#: the steps by noise.
 MIN_TRIAL_CHAINS = 8
+#: The bracket's groups run this many where the cost budget binds (it only locates the scale).
 MIN_BRACKET_CHAINS = 4
+#: The validation criterion scores a group at this many points of its window.
 _VALIDATION_POINTS = 4
 
 
@@ -32,6 +36,10 @@ def trial_size(n_chains: int, n_groups: int, minimum: int) -> int:
 
 @dataclass
 class Search:
+    """The rounds of one adapted burn-in: runs each round (:meth:`run_round`) on the
+    chains' state and keeps every group's record (:attr:`trials`) and the extra chain-steps
+    so far (:attr:`extra`)."""
+
     sampler: Sampler
     target: Target
     config: Adapt
