@@ -157,9 +157,11 @@ def sample(
         store: keep samples in memory (turn off when a callback consumes them).
         adapt: choose the step (and, for momentum samplers, the friction) during the burn-in,
             starting from the sampler's, then keep it fixed for the kept samples
-            (:mod:`metasampler.adapt`). ``True``: ranked by the chains alone;
+            (:mod:`metasampler.adapt`). ``True``: ranked by the chains alone, which aims at
+            the posterior (a model whose parameters are read, such as a regression);
             ``metasampler.Adapt(validation=(x, y))``: by held-out data of a
-            :class:`~metasampler.BayesianModel`. Needs ``burn_in >= 100``. ``callback`` is
+            :class:`~metasampler.BayesianModel`, which aims at prediction (networks). Needs
+            ``burn_in >= 100``. ``callback`` is
             called once every chain runs the chosen kernel (not while the chains run in trial
             groups); ``result.adapted`` reports the choice.
 
