@@ -15,9 +15,11 @@ import torch
 from scipy import stats
 from scipy.special import logsumexp
 
+import metasampler as ms
 import tasks
 from metasampler import EnergyTarget
 from tasks.linear_regression import linear_regression
+from tasks.logistic_regression import logistic_regression
 from tasks.toy import (
     BananaTask,
     DoubleWell,
@@ -489,3 +491,30 @@ def test_the_linear_regression_s_posterior_is_the_exact_one():
     assert model.full_grad(mean).abs().max() < 1e-2 * model.full_grad(mean + 0.1).abs().max()
     hessian = torch.func.hessian(lambda t: model.energy(t.unsqueeze(0)).sum())(task.mean.float())
     torch.testing.assert_close(hessian.double(), torch.linalg.inv(task.cov), rtol=1e-3, atol=1e-3)
+
+
+def test_the_logistic_regression_s_hmc_reference_matches_its_laplace_approximation():
+    """The HMC reference samples the model's posterior: its chains agree (R-hat), its
+    standard deviations are those of the Laplace approximation at the MAP (the posterior is
+    near Gaussian with 300 examples and 4 parameters) and its mean sits within a fraction of
+    a standard deviation of the MAP (a logistic posterior's skew moves it a little)."""
+    task = logistic_regression()
+    reference = task.reference(trajectories=600)
+    assert ms.summary(reference, warn=False).max_rhat < 1.05
+    mean, cov = task.moments(reference)
+    energy = task.full_data.energy
+    theta = torch.zeros(4, requires_grad=True)
+    lbfgs = torch.optim.LBFGS([theta], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        lbfgs.zero_grad()
+        value = energy(theta.unsqueeze(0)).sum()
+        value.backward()
+        return value
+
+    lbfgs.step(closure)
+    mode = theta.detach()
+    hessian = torch.func.hessian(lambda t: energy(t.unsqueeze(0)).sum())(mode).double()
+    laplace_sd = torch.linalg.inv(hessian).diag().sqrt()
+    torch.testing.assert_close(cov.diag().sqrt(), laplace_sd, rtol=0.05, atol=0.0)
+    assert ((mean - mode.double()).abs() / laplace_sd).max() < 0.35
