@@ -12,9 +12,9 @@ order (the order of ``torch.nn.utils.parameters_to_vector``). ``K`` chains are e
 once: :func:`torch.func.functional_call` is vmapped over the rows of a ``(K, D)`` tensor
 (for a module ``vmap`` has no batching rule for, such as ``nn.GRU``, ``nn.LSTM`` and
 ``nn.RNN``, chain by chain: the same numbers, ``K`` calls), with the minibatch shared by all
-chains; the likelihood part of ``grad Ũ`` is obtained by one
-reverse-mode pass through its sum over chains (chains are independent, so this is every
-chain's gradient) and the prior's ``theta / prior_std^2`` is added in closed form.
+chains; the likelihood part of ``grad Ũ`` is obtained by one reverse-mode pass through its
+sum over chains (chains are independent, so this is every chain's gradient) and the prior's
+``theta / prior_std^2`` is added in closed form.
 
 Conventions:
 

@@ -199,7 +199,7 @@ def summary(
             target.likelihood in _LOG_CONCAVE and outputs_affine_in_parameters(target, theta, x)
         )
         watch = "parameters" if identified else "predictions"
-    watched = (theta if watch == "parameters" else per_quantity).detach().double().cpu()
+    watched = theta if watch == "parameters" else per_quantity
     rhat = param_rhat if watch == "parameters" else pred_rhat.ravel()
     worst = int(np.nanargmax(rhat)) if np.isfinite(rhat).any() else None
     report = Summary(
@@ -210,19 +210,18 @@ def summary(
         n_draws=theta.shape[0],
         n_chains=theta.shape[1],
         watched=watch,
-        apart=() if worst is None else _chains_apart(watched[:, :, worst]),
+        apart=() if worst is None else _chains_apart(watched[:, :, worst].detach().double()),
     )
     if warn and report.max_rhat > rhat_threshold:
         where = ""
-        if watch == "parameters" and is_model and worst is not None:
-            where = f" (largest for {_parameter_name(target.spec, worst)})"
+        if watch == "parameters" and is_model and np.isfinite(param_rhat).any():
+            where = f" (largest for {_parameter_name(target.spec, int(np.nanargmax(param_rhat)))})"
         apart = ""
         if report.apart:
             chains = ", ".join(str(k) for k in report.apart)
-            apart = (
-                f"; chain{'s' if len(report.apart) > 1 else ''} {chains} stand"
-                f"{'' if len(report.apart) > 1 else 's'} apart from the others (Summary.apart)"
-            )
+            many = len(report.apart) > 1
+            subject = f"chains {chains} stand" if many else f"chain {chains} stands"
+            apart = f"; {subject} apart from the others (Summary.apart)"
         warnings.warn(
             f"R-hat of the {report.watched} is up to {report.max_rhat:.2f} (> "
             f"{rhat_threshold}){where}: the {report.n_chains} chains have not converged to the "

@@ -161,9 +161,9 @@ def sample(
             the posterior (a model whose parameters are read, such as a regression);
             ``metasampler.Adapt(validation=(x, y))``: by held-out data of a
             :class:`~metasampler.BayesianModel`, which aims at prediction (networks). Needs
-            ``burn_in >= 100``. ``callback`` is
-            called once every chain runs the chosen kernel (not while the chains run in trial
-            groups); ``result.adapted`` reports the choice.
+            ``burn_in >= 100``. ``callback`` is called once every chain runs the chosen
+            kernel (not while the chains run in trial groups); ``result.adapted`` reports
+            the choice.
 
     Returns:
         A :class:`SampleResult`. Samples of schedules' exploration stages are never kept.

@@ -109,7 +109,7 @@ class KernelSpec:
         )
 
     def to_json(self) -> str:
-        """The spec as canonical JSON (sorted keys): the child build's argument."""
+        """These fields as canonical JSON (sorted keys): the child build's argument."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
