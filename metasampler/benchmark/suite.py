@@ -11,7 +11,9 @@ The verdict of a task compares the learned sampler's posterior-average NLL with 
 baseline that samples the posterior's temperature (its final chains' configurational
 temperature within :data:`TEMPERATURE_TOLERANCE` of 1): a sampler that runs cold can score a
 lower NLL by sampling a sharper distribution than the posterior, which is not what a sampler
-of the posterior should be compared on.
+of the posterior should be compared on. Where the task ran every sampler adapted in its
+burn-in too (``tune.mode: both``), a second verdict compares the adapted rows alone: each
+sampler as a user runs it with ``adapt=True``, no grid.
 """
 
 from __future__ import annotations
@@ -99,11 +101,12 @@ def toy_rows(
     return rows
 
 
-def _grid_baseline(key: str, entry: Mapping[str, Any]) -> bool:
-    """Whether ``key`` is a hand-designed sampler run at its grid-tuned setting."""
+def _baseline(key: str, entry: Mapping[str, Any], adapted: bool = False) -> bool:
+    """Whether ``key`` is a hand-designed sampler's row run at its grid-tuned setting (with
+    ``adapted``: its adapted row)."""
     learned = key in (LEARNED, CONSTANT) or key.startswith(LEARNED + "_")
-    adapted = key.endswith(ADAPTED)
-    return not (learned or adapted) and bool(entry.get("is_sampler")) and not entry.get("error")
+    usable = bool(entry.get("is_sampler")) and not entry.get("error")
+    return not learned and key.endswith(ADAPTED) == adapted and usable
 
 
 def adaptation_summary(tasks: Mapping[str, Mapping[str, Any]]) -> str:
@@ -140,17 +143,18 @@ def adaptation_summary(tasks: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(header + lines)
 
 
-def _verdict(methods: Mapping[str, Any]) -> str:
+def _verdict(methods: Mapping[str, Any], adapted: bool = False) -> str:
     """Whether the learned sampler's posterior-average NLL is at or below every sampler
     baseline's that samples at temperature about 1; where none does at the task's budget
-    (chains still spreading from their start), against every sampler baseline, said so."""
-    learned = methods.get(LEARNED)
+    (chains still spreading from their start), against every sampler baseline, said so. With
+    ``adapted``, the adapted rows against each other (``"–"`` where the task has none)."""
+    learned = methods.get(LEARNED + ADAPTED if adapted else LEARNED)
     if not learned or learned.get("error"):
-        return "no learned sampler"
+        return "–" if adapted else "no learned sampler"
     mine = learned["summary"]["average_nll"]["mean"]
     at_one, all_baselines = [], []
     for key, entry in methods.items():
-        if not _grid_baseline(key, entry):
+        if not _baseline(key, entry, adapted):
             continue
         temperature = entry["summary"].get("temperature", {}).get("mean", math.nan)
         row = (entry["label"], entry["summary"]["average_nll"]["mean"])
@@ -164,12 +168,18 @@ def _verdict(methods: Mapping[str, Any]) -> str:
     return prefix + ("**ahead**" if not beaten_by else "behind " + ", ".join(beaten_by))
 
 
+def _task_verdicts(methods: Mapping[str, Any]) -> str:
+    """The task's verdict, and its adapted rows' where it has them."""
+    adapted = _verdict(methods, adapted=True)
+    return _verdict(methods) + ("" if adapted == "–" else f"; adapted rows: {adapted}")
+
+
 def _best_baseline(methods: Mapping[str, Any], at_temperature_one: bool) -> Any:
     """The sampler baseline with the lowest posterior-average NLL (optionally only those at
     temperature about 1), or ``None``."""
     best = None
     for key, entry in methods.items():
-        if not _grid_baseline(key, entry):
+        if not _baseline(key, entry):
             continue
         temperature = entry["summary"].get("temperature", {}).get("mean", math.nan)
         if at_temperature_one and abs(temperature - 1.0) > TEMPERATURE_TOLERANCE:
@@ -184,11 +194,12 @@ def suite_summary(
 ) -> str:
     """One row per task: the learned sampler's and the constant-net ablation's headline
     number (toy: KL at the last step; networks: posterior-average NLL), the best sampler
-    baseline at temperature about 1 and the best of all sampler baselines, and the verdict."""
+    baseline at temperature about 1 and the best of all sampler baselines, the verdict and
+    the adapted rows' verdict (``"–"`` where a task has no adapted rows)."""
     lines = [
         "| task | learned | constant nets | best baseline at T ≈ 1 | best baseline (its T) | "
-        "verdict |",
-        "|---|---|---|---|---|---|",
+        "verdict | verdict, adapted |",
+        "|---|---|---|---|---|---|---|",
     ]
     if toy:
         rows = list(toy.values())
@@ -199,7 +210,7 @@ def suite_summary(
         verdict = "**ahead**" if kl[0] <= best[1] else "behind"
         lines.append(
             f"| toy Gaussian (KL@{rows[0]['curve_steps'][-1]}) | {kl[0]:.4f} | {kl[1]:.4f} | "
-            f"{best[0]} {best[1]:.4f} | {best[0]} {best[1]:.4f} | {verdict} |"
+            f"{best[0]} {best[1]:.4f} | {best[0]} {best[1]:.4f} | {verdict} | – |"
         )
     for name, summary in tasks.items():
         methods = summary["methods"]
@@ -215,10 +226,9 @@ def suite_summary(
         overall_text = (
             "–" if overall is None else (f"{overall[0]} {overall[1]:.4f} ({overall[2]:.2f})")
         )
-        verdict = _verdict(methods)
         lines.append(
             f"| {name} (NLL avg) | {nll(LEARNED)} | {nll(CONSTANT)} | {at_one_text} | "
-            f"{overall_text} | {verdict} |"
+            f"{overall_text} | {_verdict(methods)} | {_verdict(methods, adapted=True)} |"
         )
     return "\n".join(lines)
 
@@ -258,7 +268,7 @@ def suite_table(
             f"### {name}: {summary['task']}",
             "",
             f"{budget['n_chains']} chains × {budget['n_steps']} steps, seeds "
-            f"{summary['seeds']}; verdict: {_verdict(summary['methods'])}.",
+            f"{summary['seeds']}; verdict: {_task_verdicts(summary['methods'])}.",
             "",
             "| method | err % (avg) | NLL (avg) | NLL (ens) | temp | prior var | ms/step |",
             "|---|---|---|---|---|---|---|",

@@ -34,10 +34,28 @@ def test_the_verdict_compares_the_learned_sampler_with_grid_tuned_baselines_at_t
         sgld=_entry("SGLD", 0.10, temperature=0.5),  # cold: not compared
     )
     row = suite_summary(None, tasks).splitlines()[-1]
-    assert row.endswith("| **ahead** |")
+    assert row.endswith("| **ahead** | **ahead** |")
     assert "SGHMC 0.3100" in row and "SGLD 0.1000 (0.50)" in row
     tasks["MNIST"]["methods"]["psgld"] = _entry("pSGLD", 0.29, temperature=1.05)
-    assert suite_summary(None, tasks).splitlines()[-1].endswith("| behind pSGLD |")
+    assert suite_summary(None, tasks).splitlines()[-1].endswith("| behind pSGLD | **ahead** |")
+
+
+def test_the_adapted_verdict_compares_the_adapted_rows_alone():
+    tasks = _task(
+        nnsghmc=_entry("NNSGHMC", 0.30),
+        nnsghmc_adapted=_entry("NNSGHMC, adapted", 0.20),
+        nnsghmc_constant_adapted=_entry("NNSGHMC, constant nets, adapted", 0.10),  # ablation
+        sghmc=_entry("SGHMC", 0.15),  # a grid row: not the adapted verdict's
+        sghmc_adapted=_entry("SGHMC, adapted", 0.19, temperature=1.08),
+        sgld_adapted=_entry("SGLD, adapted", 0.05, temperature=0.3),  # cold: not compared
+    )
+    row = suite_summary(None, tasks).splitlines()[-1]
+    assert row.endswith("| behind SGHMC | behind SGHMC, adapted |")
+    tasks["MNIST"]["methods"]["sghmc_adapted"] = _entry("SGHMC, adapted", 0.19, temperature=0.5)
+    row = suite_summary(None, tasks).splitlines()[-1]
+    assert row.endswith("against all: behind SGHMC, adapted, SGLD, adapted |")
+    del tasks["MNIST"]["methods"]["nnsghmc_adapted"]
+    assert suite_summary(None, tasks).splitlines()[-1].endswith("| behind SGHMC | – |")
 
 
 def test_adaptation_rows_give_the_change_from_the_grid_and_whether_it_is_within_3_percent():
