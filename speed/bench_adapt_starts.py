@@ -12,6 +12,7 @@ Usage, from the repository root::
 
     .venv/bin/python -m speed.bench_adapt_starts        # about 10 minutes on one core
     .venv/bin/python -m speed.bench_adapt_starts --config configs/eval/mnist_nt_af.yaml
+    .venv/bin/python -m speed.bench_adapt_starts --extra-cost 0.5   # another budget
 """
 
 from __future__ import annotations
@@ -40,12 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="*", default=None, help="method keys (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--extra-cost", type=float, default=ms.Adapt.extra_cost, help="Adapt(extra_cost=...)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = load_benchmark_config(args.config, SUITE_BUDGET)
     problem = build_problem(cfg.task, seed=cfg.task.seed, device="cpu")
     data, budget = problem.data, cfg.budget
-    adapt = ms.Adapt(validation=(data.x_val[: cfg.tune.max_val], data.y_val[: cfg.tune.max_val]))
+    validation = (data.x_val[: cfg.tune.max_val], data.y_val[: cfg.tune.max_val])
+    adapt = ms.Adapt(validation=validation, extra_cost=args.extra_cost)
     keys = [k for k in METHODS if METHODS[k].is_sampler and cfg.methods[k].enabled]
     keys = [k for k in keys if args.methods is None or k in args.methods]
     rows = []
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     print(
         f"\n{problem.name}; {budget.n_chains} chains x {budget.n_steps} steps, burn-in "
-        f"{budget.burn_in}; validation NLL; seed {args.seed}; "
+        f"{budget.burn_in}; validation NLL; extra_cost {args.extra_cost}; seed {args.seed}; "
         f"{provenance('speed.bench_adapt_starts', argv, args.threads)}\n\n"
         "| sampler | usual start eta | chosen eta (test NLL) from it | from 100x | from 1/100x "
         "| spread |\n|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows)
