@@ -35,6 +35,14 @@ def provenance(module: str, argv: list[str] | None, threads: int) -> str:
     )
 
 
+def markdown_table(columns: list[str], rows: list[str], numeric_from: int = 1) -> str:
+    """A markdown table of already formatted ``rows`` under ``columns`` (those from
+    ``numeric_from`` on right-aligned)."""
+    rule = ["---" if i < numeric_from else "---:" for i in range(len(columns))]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(rule) + "|", *rows]
+    return "\n".join(lines)
+
+
 def toy_gaussian(n_chains: int, dim: int = 20) -> tuple[ms.EnergyTarget, torch.Tensor]:
     """A seeded correlated Gaussian (mean 3) with an autograd energy and gradient noise
     N(0, 1), and ``n_chains`` starts in U([0, 6]^dim): the toy case of every benchmark."""

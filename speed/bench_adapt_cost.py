@@ -29,7 +29,7 @@ import metasampler as ms
 from experiments.benchmark_config import load_benchmark_config
 from metasampler.benchmark.methods import METHODS
 from metasampler.benchmark.protocol import MethodFactory
-from speed._common import provenance
+from speed._common import markdown_table, provenance
 from tasks.registry import build_problem
 
 #: The benchmark suite's budget for the MNIST tasks (configs/suite.yaml).
@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{problem.name}; {budget.n_chains} chains x {budget.n_steps} steps, burn-in "
         f"{budget.burn_in}; extra_cost {args.extra_cost}; seed {args.seed}; "
         f"{provenance('speed.bench_adapt_cost', argv, args.threads)}\n\n"
-        "| sampler | adapted eta | adapted run | plain run at that kernel | ratio |\n"
-        "|---|---:|---:|---:|---:|\n" + "\n".join(rows)
+        + markdown_table(
+            ["sampler", "adapted eta", "adapted run", "plain run at that kernel", "ratio"], rows
+        )
     )
     return 0
 

@@ -26,7 +26,7 @@ import warnings
 import torch
 
 import metasampler as ms
-from speed._common import provenance
+from speed._common import markdown_table, provenance
 from tasks.logistic_regression import logistic_regression
 
 #: name -> the sampler at a user's first step (``lr``, the per-batch learning rate)
@@ -86,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         f"\nBayesian logistic regression (3 inputs, 300 examples, minibatch 100), "
         f"{N_CHAINS} chains x {N_STEPS} steps, burn-in {BURN_IN}; seeds {args.seeds}; "
         f"{provenance('speed.bench_adapt_criteria', argv, args.threads)}\n\n"
-        "| sampler | criterion | adapted eta (per seed) | KL to HMC (per seed) | test NLL |\n"
-        "|---|---|---|---|---:|\n" + "\n".join(rows)
+        + markdown_table(
+            ["sampler", "criterion", "adapted eta (per seed)", "KL to HMC (per seed)", "test NLL"],
+            rows,
+            numeric_from=4,
+        )
     )
     return 0
 

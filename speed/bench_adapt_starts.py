@@ -26,7 +26,7 @@ import torch
 import metasampler as ms
 from experiments.benchmark_config import load_benchmark_config
 from metasampler.benchmark.methods import METHODS
-from speed._common import provenance
+from speed._common import markdown_table, provenance
 from speed.bench_adapt_cost import SUITE_BUDGET, _factory
 from tasks.registry import build_problem
 
@@ -83,8 +83,17 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{problem.name}; {budget.n_chains} chains x {budget.n_steps} steps, burn-in "
         f"{budget.burn_in}; validation NLL; extra_cost {args.extra_cost}; seed {args.seed}; "
         f"{provenance('speed.bench_adapt_starts', argv, args.threads)}\n\n"
-        "| sampler | usual start eta | chosen eta (test NLL) from it | from 100x | from 1/100x "
-        "| spread |\n|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows)
+        + markdown_table(
+            [
+                "sampler",
+                "usual start eta",
+                "chosen eta (test NLL) from it",
+                "from 100x",
+                "from 1/100x",
+                "spread",
+            ],
+            rows,
+        )
     )
     return 0
 
