@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -41,8 +42,14 @@ SUITE_BUDGET = [
 ]
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def network_bench(
+    argv: list[str] | None, doc: str
+) -> tuple[argparse.Namespace, Any, Any, tuple, list[str]]:
+    """What the adaptation benchmarks on a benchmark network share: their options (``doc``:
+    the script's docstring, whose first paragraph describes it), the task's config at the
+    suite's budget, its problem, the held-out data the criterion scores and the sampler keys
+    to run."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--config", default="configs/eval/mnist_nt.yaml")
     parser.add_argument("--methods", nargs="*", default=None, help="method keys (default: all)")
     parser.add_argument("--seed", type=int, default=0)
@@ -50,7 +57,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--extra-cost", type=float, default=ms.Adapt.extra_cost, help="Adapt(extra_cost=...)"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cfg = load_benchmark_config(args.config, SUITE_BUDGET)
+    problem = build_problem(cfg.task, seed=cfg.task.seed, device="cpu")
+    data = problem.data
+    validation = (data.x_val[: cfg.tune.max_val], data.y_val[: cfg.tune.max_val])
+    keys = [k for k in METHODS if METHODS[k].is_sampler and cfg.methods[k].enabled]
+    keys = [k for k in keys if args.methods is None or k in args.methods]
+    return args, cfg, problem, validation, keys
 
 
 def _factory(cfg, key: str, problem) -> tuple[MethodFactory, float | None]:
@@ -68,14 +83,8 @@ def _factory(cfg, key: str, problem) -> tuple[MethodFactory, float | None]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its markdown table."""
-    args = _parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cfg = load_benchmark_config(args.config, SUITE_BUDGET)
-    problem = build_problem(cfg.task, seed=cfg.task.seed, device="cpu")
-    data, budget = problem.data, cfg.budget
-    validation = (data.x_val[: cfg.tune.max_val], data.y_val[: cfg.tune.max_val])
-    keys = [k for k in METHODS if METHODS[k].is_sampler and cfg.methods[k].enabled]
-    keys = [k for k in keys if args.methods is None or k in args.methods]
+    args, cfg, problem, validation, keys = network_bench(argv, __doc__)
+    budget = cfg.budget
     rows = []
     for key in keys:
         make, start = _factory(cfg, key, problem)

@@ -17,18 +17,13 @@ Usage, from the repository root::
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 
-import torch
-
 import metasampler as ms
-from experiments.benchmark_config import load_benchmark_config
 from metasampler.benchmark.methods import METHODS
 from speed._common import markdown_table, provenance
-from speed.bench_adapt_cost import SUITE_BUDGET, _factory
-from tasks.registry import build_problem
+from speed.bench_adapt_cost import _factory, network_bench
 
 #: the start factors: the usual start, 100x too large, 100x too small
 FACTORS = (1.0, 100.0, 0.01)
@@ -36,23 +31,9 @@ FACTORS = (1.0, 100.0, 0.01)
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its markdown table."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="configs/eval/mnist_nt.yaml")
-    parser.add_argument("--methods", nargs="*", default=None, help="method keys (default: all)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument(
-        "--extra-cost", type=float, default=ms.Adapt.extra_cost, help="Adapt(extra_cost=...)"
-    )
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cfg = load_benchmark_config(args.config, SUITE_BUDGET)
-    problem = build_problem(cfg.task, seed=cfg.task.seed, device="cpu")
+    args, cfg, problem, validation, keys = network_bench(argv, __doc__)
     data, budget = problem.data, cfg.budget
-    validation = (data.x_val[: cfg.tune.max_val], data.y_val[: cfg.tune.max_val])
     adapt = ms.Adapt(validation=validation, extra_cost=args.extra_cost)
-    keys = [k for k in METHODS if METHODS[k].is_sampler and cfg.methods[k].enabled]
-    keys = [k for k in keys if args.methods is None or k in args.methods]
     rows = []
     for key in keys:
         make, start = _factory(cfg, key, problem)
