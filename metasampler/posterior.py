@@ -214,8 +214,8 @@ def summary(
     )
     if warn and report.max_rhat > rhat_threshold:
         where = ""
-        if watch == "parameters" and is_model and np.isfinite(param_rhat).any():
-            where = f" (largest for {_parameter_name(target.spec, int(np.nanargmax(param_rhat)))})"
+        if watch == "parameters" and is_model and worst is not None:
+            where = f" (largest for {_parameter_name(target.spec, worst)})"
         apart = ""
         if report.apart:
             chains = ", ".join(str(k) for k in report.apart)
