@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.utils.data import TensorDataset
 
+from .devices import check_device
 from .flat_params import ParamSpec, assign_params, flatten_params, unflatten_params
 from .likelihoods import (
     LogLik,
@@ -267,6 +268,12 @@ class BayesianModel:
         noise_std: observation noise of the gaussian likelihood.
         dtype, device: of positions and data (default: those of the module's parameters).
 
+    Raises:
+        ValueError: a bad argument, or data the module and likelihood cannot take (non-finite
+            values, inputs of a shape the module rejects, labels outside its outputs, targets
+            of a shape its outputs do not fit); the message says which.
+        DeviceError: ``device`` is not a device this torch build and machine can use.
+
     Attributes:
         dim: number of parameters ``D``.
         n_data: ``N``.
@@ -302,7 +309,7 @@ class BayesianModel:
             raise ValueError(f"dtype must be a floating dtype, got {dtype}")
 
         self.dtype: torch.dtype = dtype or named[0][1].dtype
-        self.device = torch.device(device) if device is not None else named[0][1].device
+        self.device = check_device(device) if device is not None else named[0][1].device
         self.module = copy.deepcopy(module).to(device=self.device, dtype=self.dtype).eval()
         self.spec = ParamSpec.from_module(self.module)
         self.dim = self.spec.dim
@@ -371,8 +378,9 @@ class BayesianModel:
         return x.detach(), y.detach()
 
     def _check_data_fits_module(self, x: Tensor, y: Tensor, what: str = "data") -> None:
-        """Non-finite data, a feature count the module cannot take and (categorical) labels
-        outside its outputs fail here, not as a shape or index error at the first step."""
+        """Non-finite data, a feature count the module cannot take, (categorical) labels
+        outside its outputs and targets of a shape its outputs do not fit fail here, not as a
+        shape or index error at the first step."""
         for name, value in (("x", x), ("y", y)):
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 bad = int((~torch.isfinite(value)).sum())
@@ -409,6 +417,11 @@ class BayesianModel:
                     f"{what}: {self.likelihood} likelihood needs targets y in [0, 1]{padding}, "
                     f"got values in [{float(y.min()):g}, {float(y.max()):g}]"
                 )
+        if isinstance(self.likelihood, str):  # targets of a shape the outputs do not fit
+            try:
+                self._loglik_fn(outputs, y[:1])
+            except ValueError as err:
+                raise ValueError(f"{what}: {err} (on its first example)") from None
 
     def _check_theta(self, theta: Tensor, name: str = "theta") -> None:
         check_positions(theta, self.dim, name)
@@ -542,6 +555,9 @@ class BayesianModel:
         Returns:
             A :class:`Predictive` (its ``draws`` hold ``S * K * B`` predictions, so pass a
             subset of ``x`` or thin the samples when that is large).
+
+        Raises:
+            ValueError: ``theta`` is not ``(S, K, D)`` or ``(K, D)``, or holds no samples.
         """
         if not isinstance(theta, Tensor) or theta.ndim not in (2, 3):
             raise ValueError(
@@ -549,6 +565,10 @@ class BayesianModel:
                 f"{getattr(theta, 'shape', type(theta))}"
             )
         samples = theta.unsqueeze(0) if theta.ndim == 2 else theta
+        if samples.shape[0] == 0:
+            raise ValueError(
+                "theta holds no samples (a run with sample(..., store=False) keeps none)"
+            )
         x = self.x if x is None else x
         kind = self.likelihood if isinstance(self.likelihood, str) else None
         predictions, logits = [], []

@@ -107,7 +107,8 @@ def assign_params(module: nn.Module, flat: Tensor) -> nn.Module:
         ``module`` (for chaining).
 
     Raises:
-        ValueError: ``flat`` is not a ``(D,)`` tensor with ``D`` the module's parameter count.
+        ValueError: ``flat`` is not a ``(D,)`` tensor with ``D`` the module's parameter count,
+            or holds integers or non-finite values.
     """
     dim = ParamSpec.from_module(module).dim
     if not isinstance(flat, Tensor) or flat.shape != (dim,):
@@ -115,6 +116,8 @@ def assign_params(module: nn.Module, flat: Tensor) -> nn.Module:
             f"flat must be a ({dim},) tensor for this module (one sample, e.g. "
             f"result.theta[s, k]), got {getattr(flat, 'shape', type(flat))}"
         )
+    if not flat.is_floating_point() or not bool(torch.isfinite(flat).all()):
+        raise ValueError(f"flat must hold finite floating-point values, got {flat.dtype} {flat}")
     first = next(module.parameters())
     with torch.no_grad():
         vector_to_parameters(flat.detach().to(first.device, first.dtype), module.parameters())

@@ -157,8 +157,9 @@ def summary(
 
     Raises:
         TypeError: ``result`` is not a run's result (no ``theta`` tensor).
-        ValueError: too few samples; ``watch`` not one of :data:`WATCH_CHOICES`; or
-            ``watch="predictions"`` for a target that is not a ``BayesianModel``.
+        ValueError: too few samples (none: a run with ``store=False``); ``watch`` not one
+            of :data:`WATCH_CHOICES`; or ``watch="predictions"`` for a target that is not a
+            ``BayesianModel``.
 
     Warns:
         ConvergenceWarning: the largest watched R-hat is above ``rhat_threshold``.
@@ -169,6 +170,7 @@ def summary(
             "summary needs the result of metasampler.sample (a SampleResult), got "
             f"{type(result).__name__}"
         )
+    _require_samples(theta, "summary")
     if theta.ndim != 3 or theta.shape[0] < 4:
         raise ValueError(
             "summary needs at least 4 kept samples per chain (result.theta of shape "
@@ -222,9 +224,11 @@ def summary(
             many = len(report.apart) > 1
             subject = f"chains {chains} stand" if many else f"chain {chains} stands"
             apart = f"; {subject} apart from the others (Summary.apart)"
+        # one chain's split R-hat compares its two halves
+        compared = f"the {report.n_chains} chains" if report.n_chains > 1 else "the chain's halves"
         warnings.warn(
             f"R-hat of the {report.watched} is up to {report.max_rhat:.2f} (> "
-            f"{rhat_threshold}){where}: the {report.n_chains} chains have not converged to the "
+            f"{rhat_threshold}){where}: {compared} have not converged to the "
             f"same distribution{apart}; run longer (more steps or burn-in) before trusting the "
             "results",
             ConvergenceWarning,
@@ -296,6 +300,15 @@ def _parameter_name(spec: ParamSpec, index: int) -> str:
     return f"theta[{index}]"
 
 
+def _require_samples(theta: Tensor, what: str) -> None:
+    """Stop with a clear message where a run kept no samples (``sample(..., store=False)``)."""
+    if theta.ndim == 3 and theta.shape[0] == 0:
+        raise ValueError(
+            f"{what}: the result holds no samples (sample(..., store=False) keeps none; "
+            "pass store=True, or collect the samples with callback=)"
+        )
+
+
 def to_inference_data(result: SampleResult) -> Any:
     """``result`` as an ArviZ ``InferenceData`` with ``(chain, draw, ...)`` variables.
 
@@ -303,6 +316,7 @@ def to_inference_data(result: SampleResult) -> Any:
 
     Raises:
         ImportError: ArviZ is not installed (the message gives the install command).
+        ValueError: the result holds no samples (a run with ``store=False``).
     """
     try:
         import arviz as az
@@ -310,6 +324,7 @@ def to_inference_data(result: SampleResult) -> Any:
         raise ImportError(
             'to_inference_data needs ArviZ: pip install "metasampler[arviz]"'
         ) from None
+    _require_samples(result.theta, "to_inference_data")
     theta = result.theta.detach().to("cpu", torch.float64)
     chain_draw = theta.transpose(0, 1)  # (S, K, D) -> (K, S, D): ArviZ's (chain, draw)
     target = result.target

@@ -44,6 +44,15 @@ class SampleResult:
     target: Target | None = None
     adapted: AdaptResult | None = None
 
+    def __repr__(self) -> str:
+        # the shapes and the choice, not every tensor
+        samples, chains, dim = self.theta.shape
+        adapted = "" if self.adapted is None else ", " + str(self.adapted).splitlines()[0]
+        steps = f" (steps {int(self.steps[0])}..{int(self.steps[-1])})" if samples else ""
+        return (
+            f"SampleResult({samples} samples x {chains} chains x {dim} parameters{steps}{adapted})"
+        )
+
     def to_inference_data(self) -> Any:
         """The samples as an ArviZ ``InferenceData`` (needs ``pip install metasampler[arviz]``).
 

@@ -69,6 +69,9 @@ def test_sample_and_load_sampler_check_the_device_first():
             ms.sample(sgld, quadratic(), 2, 5, device=device, progress=False)
         with pytest.raises(DeviceError, match=f"device='{device}'"):
             ms.load_sampler("toy_gaussian", device=device)
+        with pytest.raises(DeviceError, match=f"device='{device}'"):
+            ms.BayesianModel(torch.nn.Linear(2, 1), (torch.ones(3, 2), torch.ones(3)),
+                             likelihood="gaussian", device=device)  # fmt: skip
     result = ms.sample(sgld, quadratic(), 2, 5, device="cpu", progress=False)
     assert result.theta.device.type == "cpu"
 

@@ -140,3 +140,53 @@ def test_cyclical_schedule_refuses_steps_past_its_run():
     ms.sample(sampler, target(), 2, 8, init=first.final_state, seed=1, progress=False)
     with pytest.raises(ValueError, match="total_steps=20"):
         ms.sample(sampler, target(), 2, 9, init=first.final_state, seed=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("likelihood", "outputs", "y", "shown"),
+    [
+        (
+            "categorical",
+            3,
+            torch.zeros(30, 1, dtype=torch.long),
+            r"outputs \(1, 3\) and y \(1, 1\)",
+        ),
+        ("gaussian", 1, torch.zeros(30, 2), r"outputs \(1, 1\) and y \(1, 2\)"),
+        ("bernoulli", 2, torch.zeros(30), r"outputs \(1, 2\) and y \(1,\)"),
+    ],
+)
+def test_bayesian_model_checks_the_targets_fit_the_outputs(likelihood, outputs, y, shown):
+    """Targets of a shape the module's outputs do not fit fail at construction (and as
+    held-out data), naming both shapes, not inside the first step's vmap."""
+    x, _ = classifier_data()
+    with pytest.raises(ValueError, match=r"^data: .*" + shown):
+        ms.BayesianModel(torch.nn.Linear(4, outputs), (x, y), likelihood=likelihood)
+    model = ms.BayesianModel(torch.nn.Linear(4, 3), classifier_data())
+    with pytest.raises(ValueError, match=r"^validation: .*labels \(B, ...\)"):
+        model.check_data(x, torch.zeros(30, 1, dtype=torch.long), "validation")
+    # a (B, 1) regression head takes (B,) targets as well as (B, 1)
+    for targets in (torch.zeros(30), torch.zeros(30, 1)):
+        assert ms.BayesianModel(torch.nn.Linear(4, 1), (x, targets), "gaussian").n_data == 30
+
+
+def test_a_run_that_kept_no_samples_says_so_where_samples_are_needed():
+    model = ms.BayesianModel(torch.nn.Linear(4, 3), classifier_data())
+    result = ms.sample(SGLD(lr=1e-3), model, 4, 20, seed=0, progress=False, store=False)
+    assert result.theta.shape == (0, 4, 15)
+    message = r"no samples \(.*store=False"
+    with pytest.raises(ValueError, match=message):
+        ms.summary(result)
+    with pytest.raises(ValueError, match=message):
+        result.to_inference_data()
+    with pytest.raises(ValueError, match=message):
+        model.predict(result.theta)
+    assert repr(result) == "SampleResult(0 samples x 4 chains x 15 parameters)"
+
+
+def test_assign_params_refuses_values_that_are_not_finite_floats():
+    net = torch.nn.Linear(2, 1)
+    before = [p.detach().clone() for p in net.parameters()]
+    for bad in (torch.tensor([1.0, float("nan"), 0.0]), torch.tensor([1, 2, 3])):
+        with pytest.raises(ValueError, match="finite floating-point"):
+            ms.assign_params(net, bad)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
