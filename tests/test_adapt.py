@@ -389,9 +389,12 @@ def test_a_lower_friction_that_runs_hotter_is_not_taken():
 def test_momenta_are_drawn_afresh_so_the_trials_heat_does_not_reach_the_kept_run(monkeypatch):
     """SGHMC with a friction so low that its momenta keep their energy through the burn-in:
     the trial rounds' steps (up to 256 times the start) leave the momenta hot unless they
-    are drawn afresh from N(0, T) for each round and for the chosen kernel."""
+    are drawn afresh from N(0, T) for each round and for the chosen kernel. (The bracket
+    runs at the start's friction here: the friction it raises from the chains alone would
+    also keep the heat out.)"""
     from metasampler.adapt import burn_in, rounds
 
+    monkeypatch.setattr(burn_in, "_BRACKET_MEMORY", 0.0)
     target, _, _ = _gaussian()
 
     def kinetic_temperatures() -> list[float]:
@@ -530,3 +533,29 @@ def test_on_a_logistic_regression_the_chains_alone_aim_at_the_posterior():
     assert _kl(alone, mean, cov) < 0.1
     assert held_out.adapted.eta > 1.5 * alone.adapted.eta
     assert _kl(held_out, mean, cov) > 2 * _kl(alone, mean, cov)
+
+
+def test_an_underdamped_momentum_sampler_adapts_from_the_chains_alone_from_a_far_start():
+    """SGHMC at its default friction on a stiff regression from the module's
+    initialisation: the momenta keep the start's energy for longer than a bracket group
+    runs, so at the start's friction no step's chains settle in it and a step too small to
+    move them scores best. The bracket raises the friction where the momenta would remember
+    longer than a quarter of its window, and the rounds after it start from that friction;
+    the search then ends at a kernel that samples."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 3, generator=g)
+    y = x @ torch.tensor([1.5, -2.0, 0.5]) + 0.7 + 0.5 * torch.randn(300, generator=g)
+    model = ms.BayesianModel(
+        torch.nn.Linear(3, 1), (x, y), "gaussian", prior_std=10.0, batch_size=100, noise_std=0.5
+    )
+    design = torch.cat([x, torch.ones(300, 1)], 1).double()
+    cov = torch.linalg.inv(design.T @ design / 0.25 + torch.eye(4, dtype=torch.float64) / 100)
+    mean = cov @ design.T @ y.double() / 0.25
+    start = ms.samplers.SGHMC(lr=0.01)  # friction 1: a memory of about 170 steps at this step
+    for seed in (1, 3):
+        result = ms.sample(
+            start, model, 8, 1500, burn_in=500, seed=seed, progress=False, adapt=True
+        )
+        assert result.adapted.eta > result.adapted.start_eta / 8
+        assert result.adapted.friction > 4.0
+        assert _kl(result, mean, cov) < 1.0  # plain runs at friction 1 score 30 or more

@@ -31,6 +31,7 @@ from .rounds import MIN_BRACKET_CHAINS, MIN_TRIAL_CHAINS, Search, trial_size
 _BRACKET_RATIO = 4.0  # the bracket's groups are this factor apart
 _MAX_BRACKET_MOVES = 2  # times the bracket moves to an end that scored best
 _MAX_MOVES = 3  # rounds beyond the friction round and the last step round, each
+_BRACKET_MEMORY = 4.0  # bracket windows per SGHMC momentum memory, at least (chains alone)
 
 
 def _schedule_scale(sampler: Sampler, start: int, kept_steps: int) -> float:
@@ -181,7 +182,7 @@ class _BurnIn:
     def bracket(self) -> float:
         """Round 1: the bracket around the start, moved while its best is at an end (or
         every group diverged), at most :data:`_MAX_BRACKET_MOVES` times. Returns its best
-        step.
+        step; the friction becomes its group's (:meth:`bracket_friction`).
 
         Raises:
             NonFiniteError: every step tried diverged.
@@ -193,14 +194,14 @@ class _BurnIn:
         while True:
             etas = [centre * _BRACKET_RATIO**j for j in range(-self.half, self.half + 1)]
             tried += etas
-            settings = [(e, self.friction) for e in etas]
+            settings = [(e, self.bracket_friction(e, length)) for e in etas]
             self.state, groups = self.search.run_round(
                 self.state, settings, length, "bracket", carry
             )
             self.used += length
             best = best_group(groups)
             if best is not None:
-                carry = (best.eta, self.friction)
+                carry = (best.eta, best.friction)
             if moves >= _MAX_BRACKET_MOVES:
                 break
             if best is None:
@@ -218,7 +219,17 @@ class _BurnIn:
                 f"be finite near the start positions. First error: {first}",
                 quantity="adapted step",
             )
+        self.friction = best.friction  # the start's, or as the bracket raised it
         return best.eta
+
+    def bracket_friction(self, eta: float, length: int) -> float | None:
+        """The friction of the bracket's group at ``eta``: from the chains alone, SGHMC's
+        raised where needed so that its momenta forget within a quarter of the group's
+        window (docs/METHOD.md §7, round 1)."""
+        if self.name != "friction" or self.friction is None or self.config.validation is not None:
+            return self.friction
+        window = max(1, (3 * length) // 4)
+        return max(self.friction, min(_BRACKET_MEMORY / window, 1.0) / eta)
 
     def round_lengths(self) -> tuple[int, int, int]:
         """The step, friction and last step rounds' lengths: their shares of what the
