@@ -1,0 +1,67 @@
+"""SGHMC and cSGHMC at their default friction (1), adapted from the chains alone
+(``adapt=True``) on two Bayesian linear regressions from the module's initialisation, where
+that friction leaves the chains underdamped: the step and friction each seed chooses and the
+KL of the kept samples to the exact posterior.
+
+* ``stiff``: ``nn.Linear(3, 1)``, 300 examples (weights 1.5, -2, 0.5, bias 0.7, noise 0.5),
+  prior std 10, minibatches of 100; 8 chains x 1,500 steps, burn-in 500; seeds 0-4;
+* ``linear``: ``tasks.linear_regression`` (as ``speed.bench_adapt --target regression``);
+  16 chains x 3,000 steps, burn-in 1,000; seeds 0-2.
+
+Usage, from the repository root (about 3 minutes on one core)::
+
+    PYTHONPATH=. .venv/bin/python research/scripts/underdamped_adapt.py
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+import metasampler as ms
+from tasks.linear_regression import linear_regression
+
+
+def stiff_regression() -> tuple[ms.BayesianModel, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 3, generator=g)
+    y = x @ torch.tensor([1.5, -2.0, 0.5]) + 0.7 + 0.5 * torch.randn(300, generator=g)
+    model = ms.BayesianModel(
+        torch.nn.Linear(3, 1), (x, y), "gaussian", prior_std=10.0, batch_size=100, noise_std=0.5
+    )
+    design = torch.cat([x, torch.ones(300, 1)], 1).double()
+    cov = torch.linalg.inv(design.T @ design / 0.25 + torch.eye(4, dtype=torch.float64) / 100)
+    return model, cov @ design.T @ y.double() / 0.25, cov
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    task = linear_regression()
+    setups = {
+        "stiff": (*stiff_regression(), 8, 1500, 500, 0.01, range(5)),
+        "linear": (task.model, task.mean, task.cov, 16, 3000, 1000, None, range(3)),
+    }
+    for name, (model, mean, cov, chains, steps, burn_in, lr, seeds) in setups.items():
+        step = {"lr": lr} if lr is not None else {"eta": 5e-4}
+        makers = {
+            "SGHMC": partial(ms.samplers.SGHMC, **step),
+            "cSGHMC": partial(ms.samplers.cyclical_sghmc, **step, total_steps=steps, n_cycles=4),
+        }
+        for label, make in makers.items():
+            for seed in seeds:
+                result = ms.sample(
+                    make(), model, chains, steps, burn_in=burn_in, seed=seed, progress=False,
+                    adapt=True,
+                )  # fmt: skip
+                kl = ms.diagnostics.gaussian_kl(result.theta.double(), mean.double(), cov.double())
+                chosen = result.adapted
+                print(
+                    f"{name} {label} seed {seed}: eta {chosen.eta:.3g}, friction "
+                    f"{chosen.friction:.3g}, KL {float(kl):.3g}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
