@@ -186,8 +186,13 @@ def _sampler_file(path_or_name: PathLike, caller: str) -> Path:
     """``path_or_name`` itself if it is a path; a bare name (no suffix, no folder) that is not
     an existing file means the shipped sampler of that name."""
     path = _checked_path(path_or_name, caller)
-    if path.exists() or path.suffix or len(path.parts) != 1:
+    if path.exists():
         return path
+    if path.suffix or len(path.parts) != 1:
+        raise FileNotFoundError(
+            f"no sampler file at {str(path)!r}; shipped samplers load by name: "
+            f"{', '.join(pretrained_samplers())}"
+        )
     shipped = PRETRAINED_DIR / f"{path.name}.safetensors"
     if shipped.is_file():
         return shipped

@@ -327,7 +327,8 @@ def _layout(outer: dict, data: bytes, fail) -> dict[str, tuple[str, tuple[int, .
             fail(f"tensor {name!r} starts at byte {begin} of the data, expected {position}")
         position = end
     if position != len(data):
-        fail(f"the tensors cover {position} bytes of data, the file has {len(data)} (truncated?)")
+        cause = "truncated?" if position > len(data) else "bytes appended?"
+        fail(f"the tensors cover {position} bytes of data, the file has {len(data)} ({cause})")
     return {n: (c, s, data[b:e]) for n, (c, s, b, e) in entries.items()}
 
 

@@ -671,3 +671,18 @@ def test_training_config_reads_the_run_config_a_file_stores(tmp_path):
     bare = tmp_path / "bare.safetensors"
     save_sampler(ms.load_sampler("toy_gaussian"), bare, provenance={"config": None})
     assert len(training_config(bare)) == 0
+
+
+def test_a_missing_path_names_the_shipped_samplers_and_appended_bytes_are_told_apart(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"shipped samplers load by name: feedforward"):
+        ms.load_sampler("feedforward.safetensors")  # the shipped name with its suffix
+    from metasampler.export import PRETRAINED_DIR
+
+    longer = tmp_path / "longer.safetensors"
+    longer.write_bytes((PRETRAINED_DIR / "toy_gaussian.safetensors").read_bytes() + b"\0")
+    with pytest.raises(ms.SamplerFileError, match=r"the file has \d+ \(bytes appended\?\)"):
+        ms.load_sampler(longer)
+    shorter = tmp_path / "shorter.safetensors"
+    shorter.write_bytes((PRETRAINED_DIR / "toy_gaussian.safetensors").read_bytes()[:-1])
+    with pytest.raises(ms.SamplerFileError, match=r"\(truncated\?\)"):
+        ms.load_sampler(shorter)
