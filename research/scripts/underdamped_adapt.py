@@ -3,8 +3,8 @@
 that friction leaves the chains underdamped: the step and friction each seed chooses and the
 KL of the kept samples to the exact posterior.
 
-* ``stiff``: ``nn.Linear(3, 1)``, 300 examples (weights 1.5, -2, 0.5, bias 0.7, noise 0.5),
-  prior std 10, minibatches of 100; 8 chains x 1,500 steps, burn-in 500; seeds 0-4;
+* ``stiff``: ``tasks.linear_regression`` with 300 examples of unit-scale inputs, prior std 10
+  and minibatches of 100; 8 chains x 1,500 steps, burn-in 500; seeds 0-4;
 * ``linear``: ``tasks.linear_regression`` (as ``speed.bench_adapt --target regression``);
   16 chains x 3,000 steps, burn-in 1,000; seeds 0-2.
 
@@ -23,23 +23,12 @@ import metasampler as ms
 from tasks.linear_regression import linear_regression
 
 
-def stiff_regression() -> tuple[ms.BayesianModel, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(300, 3, generator=g)
-    y = x @ torch.tensor([1.5, -2.0, 0.5]) + 0.7 + 0.5 * torch.randn(300, generator=g)
-    model = ms.BayesianModel(
-        torch.nn.Linear(3, 1), (x, y), "gaussian", prior_std=10.0, batch_size=100, noise_std=0.5
-    )
-    design = torch.cat([x, torch.ones(300, 1)], 1).double()
-    cov = torch.linalg.inv(design.T @ design / 0.25 + torch.eye(4, dtype=torch.float64) / 100)
-    return model, cov @ design.T @ y.double() / 0.25, cov
-
-
 def main() -> None:
     torch.set_num_threads(1)
+    stiff = linear_regression(n=300, scales=(1.0, 1.0, 1.0), prior_std=10.0, batch_size=100)
     task = linear_regression()
     setups = {
-        "stiff": (*stiff_regression(), 8, 1500, 500, 0.01, range(5)),
+        "stiff": (stiff.model, stiff.mean, stiff.cov, 8, 1500, 500, 0.01, range(5)),
         "linear": (task.model, task.mean, task.cov, 16, 3000, 1000, None, range(3)),
     }
     for name, (model, mean, cov, chains, steps, burn_in, lr, seeds) in setups.items():
