@@ -253,8 +253,8 @@ class BayesianModel:
             ``(B, ...)``; deterministic in ``eval()`` mode. Its current parameter values are
             not used by :meth:`evaluate` (they are ``theta``), only its structure and buffers.
             Every parameter is sampled, those with ``requires_grad=False`` too (register a
-            value to keep fixed as a buffer). A module :func:`torch.func.vmap` cannot batch (``nn.GRU``, ``nn.LSTM``,
-            ``nn.RNN``) runs its chains one by one, with a warning.
+            value to keep fixed as a buffer). A module :func:`torch.func.vmap` cannot batch
+            (``nn.GRU``, ``nn.LSTM``, ``nn.RNN``) runs its chains one by one, with a warning.
         data: ``(x, y)`` tensors or a ``TensorDataset`` of two tensors, same first dimension
             ``N``. Floating ``x`` is cast to ``dtype``; ``y`` to ``dtype`` for the gaussian and
             bernoulli likelihoods and to ``long`` for the categorical one.
