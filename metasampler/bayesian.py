@@ -266,7 +266,7 @@ class BayesianModel:
             :func:`torch.func.vmap`, so it must be vmap-compatible).
         prior_std: ``prior_std`` of the ``N(0, prior_std^2 I)`` prior.
         batch_size: minibatch size ``M``; ``None`` for full-batch energies.
-        noise_std: observation noise of the gaussian likelihood.
+        noise_std: observation noise of the gaussian likelihood (only there).
         dtype, device: of positions and data (default: those of the module's parameters).
 
     Raises:
@@ -306,6 +306,12 @@ class BayesianModel:
             raise ValueError(f"prior_std must be a finite number > 0, got {prior_std!r}")
         if not (noise_std > 0 and math.isfinite(noise_std)):
             raise ValueError(f"noise_std must be a finite number > 0, got {noise_std!r}")
+        if noise_std != 1.0 and likelihood != "gaussian":  # a setting that would do nothing
+            shown = likelihood if isinstance(likelihood, str) else "a custom"
+            raise ValueError(
+                f"noise_std is the gaussian likelihood's observation noise; {shown!s} "
+                f"likelihood has none (got noise_std={noise_std!r})"
+            )
         if dtype is not None and not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating dtype, got {dtype}")
 

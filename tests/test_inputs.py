@@ -190,3 +190,11 @@ def test_assign_params_refuses_values_that_are_not_finite_floats():
         with pytest.raises(ValueError, match="finite floating-point"):
             ms.assign_params(net, bad)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+
+
+def test_noise_std_is_refused_where_the_likelihood_has_no_noise():
+    x, y = classifier_data(classes=2)
+    with pytest.raises(ValueError, match=r"noise_std is the gaussian likelihood's .* bernoulli"):
+        ms.BayesianModel(torch.nn.Linear(4, 1), (x, y.float()), "bernoulli", noise_std=0.5)
+    model = ms.BayesianModel(torch.nn.Linear(4, 1), (x, y.float()), "gaussian", noise_std=0.5)
+    assert model.noise_std == 0.5
