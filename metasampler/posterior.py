@@ -217,7 +217,8 @@ def summary(
     if warn and report.max_rhat > rhat_threshold:
         where = ""
         if watch == "parameters" and is_model and worst is not None:
-            where = f" (largest for {_parameter_name(target.spec, worst)})"
+            layout = ParamSpec.from_module(target.module)  # the model's own flat layout
+            where = f" (largest for {_parameter_name(layout, worst)})"
         apart = ""
         if report.apart:
             chains = ", ".join(str(k) for k in report.apart)
